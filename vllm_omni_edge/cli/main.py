@@ -1,0 +1,95 @@
+"""``vllm-omni-edge``: the project's command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_pull_default(args) -> int:
+    from tqdm import tqdm
+
+    from vllm_omni_edge.models.default_model import pull_default_model
+
+    with tqdm(desc="default model", unit="step") as bar:
+        path = pull_default_model(
+            force=args.force, progress=lambda msg: (bar.set_postfix_str(msg), bar.update())
+        )
+    print(path)
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from vllm_omni_edge.cli.demo import run_demo
+
+    run_demo(args.question, args.max_tokens, args.compiled, args.startup_timeout)
+    return 0
+
+
+def _cmd_doctor(_args) -> int:
+    from vllm_omni_edge.cli.doctor import doctor
+
+    return doctor()
+
+
+def _cmd_patches(args) -> int:
+    from vllm_omni_edge.patches.catalogue import records, render_markdown
+
+    if args.markdown:
+        sys.stdout.write(render_markdown())
+    else:
+        for rec in records():
+            print(f"{rec.name:24} {rec.process.value:9} {rec.target}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-omni-edge", description="vLLM and vLLM-Omni on edge CPUs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="manage local models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    pull = models_sub.add_parser(
+        "pull-default", help="build the default model's bf16 checkpoint in the user cache"
+    )
+    pull.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
+    pull.set_defaults(func=_cmd_pull_default)
+
+    sub.add_parser(
+        "serve",
+        help="vLLM's OpenAI server with edge defaults (127.0.0.1, default model); "
+        "other arguments go to `vllm serve`",
+        add_help=False,
+    )
+
+    demo = sub.add_parser("demo", help="serve the default model and ask it one question")
+    demo.add_argument("--question", default="What is the capital of France?")
+    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--compiled", action="store_true",
+                      help="use torch.compile (slower start, faster decode)")
+    demo.add_argument("--startup-timeout", type=float, default=900)
+    demo.set_defaults(func=_cmd_demo)
+
+    sub.add_parser("doctor", help="check the environment").set_defaults(func=_cmd_doctor)
+
+    patches = sub.add_parser("patches", help="list our patches to vLLM")
+    patches.add_argument("--markdown", action="store_true", help="print docs/edge/patches.md")
+    patches.set_defaults(func=_cmd_patches)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    argv = sys.argv[1:] if argv is None else argv
+    # `serve` passes everything through to vLLM's own parser.
+    if argv[:1] == ["serve"]:
+        from vllm_omni_edge.cli.serve import serve
+
+        return serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

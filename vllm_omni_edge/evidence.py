@@ -1,0 +1,149 @@
+"""What a vLLM process really did, written where the harness can read it.
+
+When ``VLLM_OMNI_EDGE_EVIDENCE_DIR`` is set, every vLLM process that loads our
+plugin writes ``process-<pid>.json`` (role and patch outcomes), and the model
+worker writes ``worker-<pid>.json`` once its KV cache exists: KV bytes and
+blocks actually allocated, RoPE cache rows and bytes, weight bytes by dtype, and
+whether AMX tiles and compilation were in use. The harness checks these against
+what each arm asked for, so a setting that never reached the worker is caught.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from vllm_omni_edge.atomic import atomic_write_bytes
+from vllm_omni_edge.log import get_logger
+
+EVIDENCE_ENV = "VLLM_OMNI_EDGE_EVIDENCE_DIR"
+logger = get_logger("evidence")
+
+
+def evidence_dir() -> Path | None:
+    value = os.environ.get(EVIDENCE_ENV)
+    return Path(value) if value else None
+
+
+def process_role() -> str:
+    """'frontend' for the process the user started, else the spawned child's name."""
+    if multiprocessing.parent_process() is None:
+        return "frontend"
+    return multiprocessing.current_process().name
+
+
+def _write(name: str, record: dict) -> Path | None:
+    out = evidence_dir()
+    if out is None:
+        return None
+    path = out / name
+    atomic_write_bytes(path, json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+    return path
+
+
+def write_process_record() -> Path | None:
+    from vllm_omni_edge.patches.base import outcomes
+
+    return _write(
+        f"process-{os.getpid()}.json",
+        {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "role": process_role(),
+            "patches": {name: o.status for name, o in outcomes().items()},
+            "patch_details": {name: o.detail for name, o in outcomes().items()},
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_", "GOMP_"))},
+        },
+    )
+
+
+def _unique_storage_bytes(tensors) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def collect_worker_evidence(worker) -> dict:
+    import torch
+    import vllm
+
+    from vllm_omni_edge.cpu_features import cpu_flags
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    kv_caches = list(getattr(runner, "kv_caches", []) or [])
+    kv_config = getattr(runner, "kv_cache_config", None)
+
+    rope = []
+    seen_rope: set[int] = set()
+    for module in model.modules():
+        cache = getattr(module, "cos_sin_cache", None)
+        if isinstance(cache, torch.Tensor) and id(module) not in seen_rope:
+            seen_rope.add(id(module))
+            rope.append(
+                {
+                    "class": type(module).__name__,
+                    "max_position": int(getattr(module, "max_position_embeddings", -1)),
+                    "rows": int(cache.shape[0]),
+                    "bytes": int(cache.numel() * cache.element_size()),
+                    "dtype": str(cache.dtype).removeprefix("torch."),
+                }
+            )
+
+    weights: dict[str, int] = defaultdict(int)
+    for tensor in _unique_tensors(model):
+        weights[str(tensor.dtype).removeprefix("torch.")] += tensor.untyped_storage().nbytes()
+
+    compilation = worker.vllm_config.compilation_config
+    return {
+        "pid": os.getpid(),
+        "role": process_role(),
+        "kv_cache_bytes": _unique_storage_bytes(kv_caches),
+        "kv_num_blocks": int(kv_config.num_blocks) if kv_config is not None else None,
+        "kv_cache_memory_bytes_requested": worker.cache_config.kv_cache_memory_bytes,
+        "max_model_len": worker.model_config.max_model_len,
+        "rope": rope,
+        "weights_bytes_by_dtype": dict(weights),
+        "quantization": worker.model_config.quantization,
+        "amx_tiles": "amx_tile" in cpu_flags(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_version": torch.__version__,
+        "vllm_version": vllm.__version__,
+        "compiled": int(compilation.mode) != 0,
+        "compilation_mode": str(compilation.mode),
+        "torch_threads": torch.get_num_threads(),
+        # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
+        # main thread's own affinity is just the first of them.
+        "omp_cpu_binding": os.environ.get("GOMP_CPU_AFFINITY"),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def _unique_tensors(model):
+    """Parameters and buffers, each storage counted once (tied weights share one)."""
+    seen: set[int] = set()
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen or tensor.device.type == "meta":
+            continue
+        seen.add(ptr)
+        yield tensor
+
+
+def write_worker_evidence(worker) -> Path | None:
+    record = collect_worker_evidence(worker)
+    logger.info(
+        "vllm-omni-edge worker evidence: kv_cache_bytes=%d blocks=%s rope_rows=%s compiled=%s",
+        record["kv_cache_bytes"],
+        record["kv_num_blocks"],
+        [r["rows"] for r in record["rope"]],
+        record["compiled"],
+    )
+    return _write(f"worker-{os.getpid()}.json", record)

@@ -1,0 +1,40 @@
+"""Every change we make to vLLM / vLLM-Omni, one module each, applied per process.
+
+The lists below are the whole catalogue; each module declares its own record
+(see ``base.py``). ``docs/edge/patches.md`` is generated from them.
+"""
+
+from __future__ import annotations
+
+from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcomes
+
+# Applied by the vllm.general_plugins entry point, in every vLLM process (front end,
+# engine core, workers). Front-end patches shape the environment the children
+# inherit; worker patches must be redone in each spawned interpreter.
+PLUGIN_PATCHES: tuple[str, ...] = (
+    "vllm_omni_edge.patches.frontend.reserved_cores",
+    "vllm_omni_edge.patches.worker.amx_tile_permission",
+    "vllm_omni_edge.patches.common.torchaudio_fallback",
+    "vllm_omni_edge.patches.worker.evidence_recorder",
+)
+
+# Applied by our console scripts before vLLM's CLI is imported: the CLI crashes,
+# or imports torchaudio, before vLLM loads general plugins.
+CLI_PATCHES: tuple[str, ...] = (
+    "vllm_omni_edge.patches.frontend.cli_version_lookup",
+    "vllm_omni_edge.patches.common.torchaudio_fallback",
+)
+
+ALL_PATCHES: tuple[str, ...] = tuple(dict.fromkeys(PLUGIN_PATCHES + CLI_PATCHES))
+
+
+def apply_plugin_patches() -> dict[str, PatchOutcome]:
+    for module in PLUGIN_PATCHES:
+        apply_patch_module(module)
+    return outcomes()
+
+
+def apply_cli_patches() -> dict[str, PatchOutcome]:
+    for module in CLI_PATCHES:
+        apply_patch_module(module)
+    return outcomes()

@@ -1,0 +1,54 @@
+"""Record what the CPU worker really allocated, once its KV cache exists.
+
+What: wraps ``CPUWorker.compile_or_warm_up_model`` (the last start-up step, after
+``initialize_from_config`` allocated the KV cache) to write the worker evidence
+of ``vllm_omni_edge/evidence.py`` when ``VLLM_OMNI_EDGE_EVIDENCE_DIR`` is set.
+Why: the harness must prove a number came from the intended code path (KV bytes,
+RoPE length, weight bytes, compiled or eager), read in the process that holds the
+model, not the front end.
+Verified by: tests/test_patches.py (evidence from the worker process matches the
+requested KV budget) and the harness's invalid-pass test.
+Remove when: never upstream; this is our instrumentation. Re-check the hook point
+when moving off vLLM 0.30.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_omni_edge.patches.base import PatchRecord, Process
+
+RECORD = PatchRecord(
+    name="evidence_recorder",
+    target="vllm.v1.worker.cpu_worker.CPUWorker.compile_or_warm_up_model",
+    process=Process.WORKER,
+    why="The harness needs the worker's own account of what it allocated.",
+    verified_by="tests/test_patches.py reads worker evidence from a real worker process.",
+    remove_when="Our instrumentation; re-check the hook on each vLLM upgrade.",
+)
+
+
+def apply() -> str:
+    from vllm_omni_edge.evidence import evidence_dir
+
+    # Instrumentation only when asked: importing the worker module costs the
+    # front end time and memory it would otherwise not pay.
+    if evidence_dir() is None:
+        return "no evidence directory requested; not wrapped"
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    original = CPUWorker.compile_or_warm_up_model
+    if getattr(original, "__edge_wrapped__", False):
+        return "already wrapped"
+
+    @functools.wraps(original)
+    def compile_or_warm_up_model(self):
+        result = original(self)
+        from vllm_omni_edge.evidence import write_worker_evidence
+
+        write_worker_evidence(self)
+        return result
+
+    compile_or_warm_up_model.__edge_wrapped__ = True
+    CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model
+    return "CPUWorker.compile_or_warm_up_model writes evidence"
