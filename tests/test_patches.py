@@ -137,6 +137,7 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
 
     [worker] = run.workers
     assert worker["role"] != "frontend"  # the model ran in a spawned worker
+    assert worker["attention_isa"], "CPU_ATTN recorded no ISA"
     assert worker["pid"] in {p["pid"] for p in run.processes}
     # The KV budget reached the worker: whole blocks, never more than asked.
     requested = 192 << 20

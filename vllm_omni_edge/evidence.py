@@ -101,6 +101,9 @@ def collect_worker_evidence(worker) -> dict:
     for tensor in _unique_tensors(model):
         weights[str(tensor.dtype).removeprefix("torch.")] += tensor.untyped_storage().nbytes()
 
+    # CPU_ATTN stamps the ISA it chose (amx / vec / vec16 ...) on each attention layer.
+    attention_isa = sorted({str(m.isa) for m in model.modules() if hasattr(m, "isa")})
+
     compilation = worker.vllm_config.compilation_config
     return {
         "pid": os.getpid(),
@@ -113,6 +116,7 @@ def collect_worker_evidence(worker) -> dict:
         "weights_bytes_by_dtype": dict(weights),
         "quantization": worker.model_config.quantization,
         "amx_tiles": "amx_tile" in cpu_flags(),
+        "attention_isa": attention_isa,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_version": torch.__version__,
         "vllm_version": vllm.__version__,
@@ -123,6 +127,7 @@ def collect_worker_evidence(worker) -> dict:
         # main thread's own affinity is just the first of them.
         "omp_cpu_binding": os.environ.get("GOMP_CPU_AFFINITY"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
     }
 
 

@@ -24,8 +24,10 @@ class ProbeRun:
 
 
 def run_probe(model: Path, evidence: Path, llm_kwargs=None, timeout=600, **env) -> ProbeRun:
+    """``llm_kwargs`` update SMALL; a key set to None is left out (vLLM's default)."""
+    kwargs = {k: v for k, v in {**SMALL, **(llm_kwargs or {})}.items() if v is not None}
     proc = subprocess.run(
-        [sys.executable, str(PROBE), str(model), json.dumps({**SMALL, **(llm_kwargs or {})})],
+        [sys.executable, str(PROBE), str(model), json.dumps(kwargs)],
         env=vllm_env(VLLM_OMNI_EDGE_EVIDENCE_DIR=str(evidence), **env),
         capture_output=True, text=True, timeout=timeout,
     )

@@ -13,7 +13,9 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 # inherit; worker patches must be redone in each spawned interpreter.
 PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
+    "vllm_omni_edge.patches.frontend.kv_budget",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
+    "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.worker.evidence_recorder",
 )

@@ -17,6 +17,9 @@ from __future__ import annotations
 import functools
 
 from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import when_imported
+
+TARGET_MODULE = "vllm.v1.worker.cpu_worker"
 
 RECORD = PatchRecord(
     name="evidence_recorder",
@@ -31,15 +34,18 @@ RECORD = PatchRecord(
 def apply() -> str:
     from vllm_omni_edge.evidence import evidence_dir
 
-    # Instrumentation only when asked: importing the worker module costs the
-    # front end time and memory it would otherwise not pay.
+    # Instrumentation only when asked.
     if evidence_dir() is None:
         return "no evidence directory requested; not wrapped"
-    from vllm.v1.worker.cpu_worker import CPUWorker
+    now = when_imported(TARGET_MODULE, _wrap)
+    return "CPUWorker.compile_or_warm_up_model writes evidence" + ("" if now else " (on import)")
 
+
+def _wrap(module) -> None:
+    CPUWorker = module.CPUWorker
     original = CPUWorker.compile_or_warm_up_model
     if getattr(original, "__edge_wrapped__", False):
-        return "already wrapped"
+        return
 
     @functools.wraps(original)
     def compile_or_warm_up_model(self):
@@ -51,4 +57,3 @@ def apply() -> str:
 
     compile_or_warm_up_model.__edge_wrapped__ = True
     CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model
-    return "CPUWorker.compile_or_warm_up_model writes evidence"

@@ -1,0 +1,116 @@
+"""The memory levers' rules, without starting an engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_omni_edge.levers import LeverFlagError, kv_default_mode, rope_cap_enabled
+from vllm_omni_edge.levers import kv_budget as kv
+from vllm_omni_edge.levers.rope_cap import cap_rotary_tables
+
+GiB, MiB = kv.GiB, kv.MiB
+# SmolLM2-135M: 30 layers x 2 (K,V) x 3 KV heads x 64 x bf16
+SMOL = kv.KVShape(bytes_per_token=30 * 2 * 3 * 64 * 2, block_size=128)
+
+
+@pytest.fixture(autouse=True)
+def vllm_config_context():
+    """Rotary modules are CustomOps, which read the current vLLM config when built."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import _ROPE_DICT
+
+    _ROPE_DICT.clear()  # get_rope caches modules process-wide
+    with set_current_vllm_config(VllmConfig()):
+        yield
+    _ROPE_DICT.clear()
+
+
+# RoPE variants the supported models use (Llama/SmolLM2, Qwen2/2.5, Llama 3.x,
+# YaRN/NTK long-context configs, Qwen2-VL/Omni M-RoPE).
+ROPE_VARIANTS = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+             "original_max_position_embeddings": 1024},
+    "llama3": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    "mrope": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [8, 12, 12]},
+}
+
+
+@pytest.mark.parametrize("variant", ROPE_VARIANTS)
+def test_capped_rope_rows_equal_the_uncapped_table_bit_for_bit(variant):
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    rope = get_rope(64, 4096, True, dict(ROPE_VARIANTS[variant]), torch.bfloat16)
+    full = rope.cos_sin_cache.clone()
+    model = torch.nn.Sequential(rope, rope)  # shared module, as layers share it
+    cut = cap_rotary_tables(model, 512)
+    assert len(cut) == 1 and cut[0]["rows_after"] == 512
+    assert cut[0]["rows_before"] == full.shape[0] > 512
+    assert rope.cos_sin_cache.shape[0] == 512
+    assert torch.equal(rope.cos_sin_cache, full[:512])
+    assert rope.cos_sin_cache.untyped_storage().nbytes() == rope.cos_sin_cache.nbytes
+
+
+def test_rope_cap_leaves_short_tables_alone():
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    rope = get_rope(64, 256, True, dict(ROPE_VARIANTS["default"]), torch.float32)
+    assert cap_rotary_tables(rope, 512) == [] and rope.cos_sin_cache.shape[0] == 256
+
+
+def test_lever_flags_parse_and_refuse_garbage(monkeypatch):
+    assert rope_cap_enabled() and kv_default_mode() == "need"
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ROPE_CAP", "0")
+    monkeypatch.setenv("VLLM_OMNI_EDGE_KV_DEFAULT", "vllm")
+    assert not rope_cap_enabled() and kv_default_mode() == "vllm"
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ROPE_CAP", "maybe")
+    with pytest.raises(LeverFlagError, match="VLLM_OMNI_EDGE_ROPE_CAP='maybe'"):
+        rope_cap_enabled()
+
+
+def test_explicit_budget_is_honoured_exactly():
+    d = kv.decide(192 * MiB, SMOL, 512, 256, 24 * GiB, "need")
+    assert d.budget_bytes == 192 * MiB
+
+
+def test_budget_below_one_request_is_refused_naming_the_minimum():
+    minimum = SMOL.one_request_bytes(8192)
+    with pytest.raises(kv.KVBudgetError, match=f"at least .*{minimum} B") as err:
+        kv.decide(minimum - 1, SMOL, 8192, 1, 24 * GiB, "need")
+    assert "max_model_len=8192" in str(err.value)
+    assert kv.decide(minimum, SMOL, 8192, 1, 24 * GiB, "need").budget_bytes == minimum
+
+
+def test_default_budget_is_sized_from_need_and_capped():
+    small = kv.decide(None, SMOL, 512, 4, 24 * GiB, "need")
+    assert small.budget_bytes == 4 * SMOL.one_request_bytes(512)  # under the cap: the need
+    big = kv.decide(None, SMOL, 8192, 256, 24 * GiB, "need")
+    assert big.budget_bytes == GiB  # 256 x 8192 tokens would be ~47 GiB
+    tiny_box = kv.decide(None, SMOL, 8192, 256, 4 * GiB, "need")
+    assert tiny_box.budget_bytes == GiB // 2  # RAM/8
+    huge_ctx = kv.decide(None, SMOL, 131072, 8, 4 * GiB, "need")
+    assert huge_ctx.budget_bytes == SMOL.one_request_bytes(131072)  # never below one request
+    assert kv.decide(None, SMOL, 512, 4, 24 * GiB, "vllm").budget_bytes is None
+
+
+def test_env_and_argument_that_disagree_are_refused(monkeypatch):
+    monkeypatch.setenv(kv.ENV_KVCACHE_SPACE, "1")
+    env = kv.env_kvcache_space_bytes()
+    assert env == GiB
+    kv.reconcile_explicit_and_env(GiB, env)  # equal: fine
+    kv.reconcile_explicit_and_env(None, env)
+    with pytest.raises(kv.KVBudgetError, match="disagree"):
+        kv.reconcile_explicit_and_env(192 * MiB, env)
+
+
+@pytest.mark.parametrize("raw,message", [("0.5", "not a whole number of GiB"),
+                                         ("lots", "not a whole number"),
+                                         ("0", "at least 1 GiB")])
+def test_bad_env_budget_is_a_clear_error(monkeypatch, raw, message):
+    monkeypatch.setenv(kv.ENV_KVCACHE_SPACE, raw)
+    with pytest.raises(kv.KVBudgetError, match=message):
+        kv.env_kvcache_space_bytes()

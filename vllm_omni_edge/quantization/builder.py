@@ -1,0 +1,356 @@
+"""Build a cpu_int4 checkpoint from a bf16/fp16/fp32 Hugging Face directory or a GGUF file.
+
+``vllm-omni-edge quantize SRC OUT --group-size 128`` (``main``), or
+``build_cpu_int4_checkpoint(src, out)`` from Python.
+
+Every linear layer and the output head are stored 4-bit (format in ``int4.py``);
+the input embedding, norms and biases are copied unchanged. A tied head gets
+its own 4-bit ``lm_head.*`` and the written config says
+``tie_word_embeddings: false``: vLLM's llama/qwen2 would otherwise point the
+head at the bf16 embedding and never build a quantized head. The directory
+appears complete or not at all, carries a size/SHA-256 manifest that loading
+verifies, and is re-read and checked before it is published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vllm_omni_edge.atomic import atomic_directory
+from vllm_omni_edge.log import get_logger
+from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
+from vllm_omni_edge.quantization.int4 import (
+    BITS,
+    FORMAT_VERSION,
+    SCALE_DTYPE,
+    SUPPORTED_GROUP_SIZES,
+    SUPPORTED_WEIGHT_DTYPES,
+    Int4FormatError,
+    check_group_size,
+    check_triple,
+    dequantize,
+    group_size_for,
+    quantize,
+)
+from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest, write_manifest
+
+logger = get_logger("quantize")
+
+QUANT_METHOD = "cpu_int4"
+# Architectures whose tensor names the classifier below knows (llama-style
+# decoder). Only llama (SmolLM2) has been run end to end.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LINEAR_WEIGHT = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
+EMBEDDING = "model.embed_tokens.weight"
+HEAD = "lm_head.weight"
+OUTPUT_WEIGHTS = "model.safetensors"
+# Source files never copied: weights (rewritten), config (rewritten), manifests
+# that describe the source rather than the result.
+_NOT_COPIED_NAMES = {"config.json", "model.safetensors.index.json", "edge-manifest.json", MANIFEST_NAME}
+_NOT_COPIED_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt"}
+
+# Byte-table rows.
+LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
+    "linear 4-bit", "head 4-bit", "embedding", "norms", "biases", "other",
+)
+
+
+class CheckpointBuildError(RuntimeError):
+    """The written checkpoint failed the builder's own check; nothing was published."""
+
+
+@dataclass
+class BuildReport:
+    out: Path
+    group_size: int
+    # prefix -> group size, for layers whose K the requested size does not divide.
+    group_size_fallbacks: dict[str, int] = field(default_factory=dict)
+    tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    source_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    written_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Relative RMS error ||W - dequant(W)|| / ||W|| over all tensors of a class.
+    _sq_err: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    _sq_ref: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def relative_rms_error(self, row: str) -> float | None:
+        return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
+
+    def table(self) -> str:
+        rows = [r for r in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER) if self.tensors.get(r)]
+        lines = [
+            f"{'tensor class':<14} {'tensors':>7} {'source MiB':>11} {'written MiB':>12} {'rel. RMS err':>13}",
+        ]
+        for r in rows:
+            err = self.relative_rms_error(r)
+            lines.append(
+                f"{r:<14} {self.tensors[r]:>7} {self.source_bytes[r] / 2**20:>11.2f} "
+                f"{self.written_bytes[r] / 2**20:>12.2f} {f'{err:.4f}' if err is not None else '-':>13}"
+            )
+        lines.append(
+            f"{'total':<14} {sum(self.tensors.values()):>7} {sum(self.source_bytes.values()) / 2**20:>11.2f} "
+            f"{sum(self.written_bytes.values()) / 2**20:>12.2f}"
+        )
+        if self.group_size_fallbacks:
+            by_size: dict[int, int] = defaultdict(int)
+            for g in self.group_size_fallbacks.values():
+                by_size[g] += 1
+            lines.append(
+                f"group size {self.group_size} does not divide K for "
+                + ", ".join(f"{n} layers (stored with group {g})" for g, n in sorted(by_size.items()))
+            )
+        return "\n".join(lines)
+
+
+def build_cpu_int4_checkpoint(
+    src: Path | str,
+    out: Path | str,
+    group_size: int = 128,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> BuildReport:
+    """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``."""
+    src, out = Path(src).expanduser(), Path(out).expanduser()
+    check_group_size(group_size)
+    if not src.exists():
+        raise FileNotFoundError(f"source checkpoint not found: {src}")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass overwrite=True / --overwrite to replace it)")
+    if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
+        raise ValueError(f"output {out} must not be the source or inside it")
+    if src.is_file():
+        if src.suffix != ".gguf":
+            raise UnsupportedCheckpointError(
+                f"{src} is a file but not a .gguf; pass a Hugging Face checkpoint directory or a GGUF file"
+            )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # Beside the output, not in /tmp: the bf16 copy can be large and /tmp may be RAM.
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
+            step = (lambda msg: logger.info("gguf: %s", msg)) if progress else None
+            hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step)
+            return _build_from_hf_dir(hf_dir, out, group_size, progress)
+    return _build_from_hf_dir(src, out, group_size, progress)
+
+
+def _read_source_config(src: Path) -> dict:
+    config_path = src / "config.json"
+    if not config_path.is_file():
+        raise UnsupportedCheckpointError(f"{src} is not a Hugging Face checkpoint: no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UnsupportedCheckpointError(f"{config_path} is not valid JSON: {exc}") from exc
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedCheckpointError(
+            f"model_type {model_type!r} is not supported by the cpu_int4 builder "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method", "?")
+        raise UnsupportedCheckpointError(f"{src} is already quantized ({method}); start from bf16/fp16/fp32 weights")
+    return config
+
+
+def _open_source_tensors(src: Path) -> dict[str, object]:
+    """tensor name -> open safetensors handle holding it."""
+    from safetensors import safe_open
+
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        other = sorted(p.name for p in src.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        hint = f" (found {', '.join(other)}; only safetensors are read)" if other else ""
+        raise UnsupportedCheckpointError(f"{src} has no *.safetensors weights{hint}")
+    where: dict[str, object] = {}
+    for path in files:
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except Exception as exc:  # safetensors raises its own error types on bad headers
+            raise UnsupportedCheckpointError(f"cannot read {path} (truncated or not safetensors?): {exc}") from exc
+        for name in handle.keys():
+            where[name] = handle
+    return where
+
+
+def _classify_kept(name: str, tensor: torch.Tensor) -> str:
+    if name == EMBEDDING:
+        return EMBEDDING_ROW
+    if tensor.dim() == 1 and name.endswith("norm.weight"):
+        return NORMS
+    if tensor.dim() == 1 and name.endswith(".bias"):
+        return BIASES
+    if tensor.dim() >= 2:
+        raise UnsupportedCheckpointError(
+            f"tensor {name} {tuple(tensor.shape)} is neither a known linear layer nor the "
+            "embedding; refusing to leave it unquantized silently"
+        )
+    return OTHER
+
+
+def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) -> BuildReport:
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    config = _read_source_config(src)
+    where = _open_source_tensors(src)
+    if HEAD in where:
+        head_source = HEAD
+    elif EMBEDDING in where and config.get("tie_word_embeddings", True):
+        head_source = EMBEDDING  # tied: the head is the embedding matrix
+    else:
+        raise UnsupportedCheckpointError(
+            f"{src} has no {HEAD} and does not tie it to {EMBEDDING}; cannot build the output head"
+        )
+
+    report = BuildReport(out=out, group_size=group_size)
+    written: dict[str, torch.Tensor] = {}
+    quantized_prefixes: list[str] = []
+
+    def store_4bit(prefix: str, weight: torch.Tensor, row: str) -> None:
+        if weight.dtype not in SUPPORTED_WEIGHT_DTYPES:
+            raise Int4FormatError(f"{prefix}: dtype {weight.dtype} is not supported (bf16, fp16, fp32)")
+        g = group_size_for(weight.shape[1], group_size, what=prefix)
+        if g != group_size:
+            report.group_size_fallbacks[prefix] = g
+        qweight, scales, zeros = quantize(weight, g, what=prefix)
+        ref = weight.float()
+        report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
+        report._sq_ref[row] += float(ref.square().sum())
+        for suffix, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+            written[f"{prefix}.{suffix}"] = t
+            report.written_bytes[row] += t.numel() * t.element_size()
+        report.tensors[row] += 1
+        report.source_bytes[row] += weight.numel() * weight.element_size()
+        quantized_prefixes.append(prefix)
+
+    names = sorted(n for n in where if n != HEAD)
+    for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
+        tensor = where[name].get_tensor(name)
+        if LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
+            store_4bit(name.removesuffix(".weight"), tensor, LINEAR_4BIT)
+            continue
+        if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
+            raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
+        row = _classify_kept(name, tensor)
+        written[name] = tensor.contiguous()
+        size = tensor.numel() * tensor.element_size()
+        report.tensors[row] += 1
+        report.source_bytes[row] += size
+        report.written_bytes[row] += size
+    store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT)
+    if head_source == EMBEDDING:
+        report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
+    if not report.tensors.get(LINEAR_4BIT):
+        raise UnsupportedCheckpointError(f"{src} has no tensors named like linear layers ({LINEAR_WEIGHT.pattern})")
+
+    out_config = dict(config)
+    out_config["tie_word_embeddings"] = False
+    out_config["quantization_config"] = {
+        "quant_method": QUANT_METHOD,
+        "bits": BITS,
+        "group_size": group_size,
+        "format_version": FORMAT_VERSION,
+        "lm_head": True,
+        "zero_point": True,
+    }
+    with atomic_directory(out) as tmp:
+        save_file(
+            written,
+            str(tmp / OUTPUT_WEIGHTS),
+            metadata={"format": "pt", "quant_method": QUANT_METHOD, "format_version": str(FORMAT_VERSION)},
+        )
+        del written
+        (tmp / OUTPUT_WEIGHTS).chmod(0o644)  # safetensors creates it 0600
+        (tmp / "config.json").write_text(json.dumps(out_config, indent=2, sort_keys=True) + "\n")
+        for path in sorted(src.iterdir()):
+            if path.is_file() and path.name not in _NOT_COPIED_NAMES and path.suffix not in _NOT_COPIED_SUFFIXES:
+                shutil.copy2(path, tmp / path.name)
+        write_manifest(
+            tmp,
+            [OUTPUT_WEIGHTS, "config.json"],
+            {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "group_size": group_size},
+        )
+        _verify_written(tmp, quantized_prefixes)
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d)", out, group_size)
+    return report
+
+
+def _verify_written(directory: Path, quantized_prefixes: list[str]) -> None:
+    """Re-read what was written: every linear layer and the head must be 4-bit."""
+    from safetensors import safe_open
+
+    verify_manifest(directory)
+    with safe_open(str(directory / OUTPUT_WEIGHTS), framework="pt") as f:
+        names = set(f.keys())
+        problems = []
+        for prefix in quantized_prefixes:
+            parts = [f"{prefix}.{s}" for s in ("qweight", "scales", "zeros")]
+            if not all(p in names for p in parts):
+                problems.append(f"{prefix}: missing {[p for p in parts if p not in names]}")
+                continue
+            if f"{prefix}.weight" in names:
+                problems.append(f"{prefix}: a full-precision .weight is still present")
+            qweight, scales, zeros = (f.get_tensor(p) for p in parts)
+            try:
+                check_triple(qweight, scales, zeros, prefix)
+            except Int4FormatError as exc:
+                problems.append(str(exc))
+            if scales.dtype != SCALE_DTYPE:
+                problems.append(f"{prefix}: scales are {scales.dtype}, expected {SCALE_DTYPE}")
+        if "lm_head.qweight" not in names:
+            problems.append("the output head lm_head is not stored 4-bit")
+        leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or n == HEAD]
+        if leftovers:
+            problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
+    if problems:
+        raise CheckpointBuildError("the written checkpoint is not fully 4-bit: " + "; ".join(problems))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("src", help="bf16/fp16/fp32 Hugging Face checkpoint directory, or a .gguf file")
+    parser.add_argument("out", help="directory to write (appears only when complete)")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=128,
+        choices=SUPPORTED_GROUP_SIZES,
+        help="inputs per scale/zero point (default 128; a layer whose K it does not "
+        "divide uses the largest smaller size that does)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = build_cpu_int4_checkpoint(
+            args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite
+        )
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report.table())
+    print(report.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vllm-omni-edge quantize",
+        description="Write a cpu_int4 (4-bit weights) checkpoint that vLLM loads with no extra flags.",
+    )
+    return run(add_arguments(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``CpuInt4Config``: what a cpu_int4 checkpoint (or request) says, and which layers it covers.
+
+Read from ``config.json``::
+
+    "quantization_config": {"quant_method": "cpu_int4", "bits": 4, "group_size": 128,
+                            "format_version": 1, "lm_head": true, "zero_point": true}
+
+With no ``quantization_config`` and ``quantization="cpu_int4"``, vLLM builds
+``CpuInt4Config()`` and the bf16 weights are quantized at load (group 128, head
+included). Other online settings go through
+``hf_overrides={"quantization_config_dict_json": '{"group_size": 64}'}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+from vllm_omni_edge.log import get_logger
+from vllm_omni_edge.quantization import evidence
+from vllm_omni_edge.quantization.int4 import (
+    BITS,
+    FORMAT_VERSION,
+    Int4FormatError,
+    check_group_size,
+    group_size_for,
+)
+from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
+from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest
+
+QUANT_METHOD = "cpu_int4"
+logger = get_logger("cpu_int4")
+
+
+@register_quantization_config(QUANT_METHOD)
+class CpuInt4Config(QuantizationConfig):
+    def __init__(self, group_size: int = 128, lm_head: bool = True, prequantized: bool = False):
+        super().__init__()
+        check_group_size(group_size)
+        self.group_size = group_size
+        self.lm_head = lm_head
+        # True when the checkpoint already holds qweight/scales/zeros.
+        self.prequantized = prequantized
+
+    def __repr__(self) -> str:
+        return (
+            f"CpuInt4Config(group_size={self.group_size}, lm_head={self.lm_head}, "
+            f"prequantized={self.prequantized})"
+        )
+
+    def get_name(self) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        # The dequant fallback runs any float dtype; tinygemm takes all three.
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU: vLLM skips the check (no device capability)
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # an empty list makes vLLM call CpuInt4Config() for online use
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "CpuInt4Config":
+        def bad(msg: str) -> Int4FormatError:
+            return Int4FormatError(f"quantization_config for {QUANT_METHOD}: {msg}")
+
+        if config.get("quant_method") != QUANT_METHOD:
+            raise bad(f"quant_method is {config.get('quant_method')!r}")
+        if config.get("bits", BITS) != BITS:
+            raise bad(f"bits={config.get('bits')} (only {BITS} is supported)")
+        if config.get("format_version") != FORMAT_VERSION:
+            raise bad(
+                f"format_version={config.get('format_version')!r}; this plugin reads "
+                f"version {FORMAT_VERSION}. Rebuild the checkpoint with `vllm-omni-edge quantize`."
+            )
+        if config.get("zero_point", True) is not True:
+            raise bad("zero_point must be true (the format stores asymmetric zero points)")
+        if "group_size" not in config:
+            raise bad("group_size is missing")
+        return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True)
+
+    @classmethod
+    def from_config_dict_json(cls, config_json: str) -> "CpuInt4Config":
+        """Online quantization settings from ``hf_overrides``."""
+        settings = json.loads(config_json)
+        return cls(int(settings.get("group_size", 128)), bool(settings.get("lm_head", True)))
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
+        if hf_quant_cfg.get("quant_method") == QUANT_METHOD and user_quant in (None, QUANT_METHOD):
+            return QUANT_METHOD
+        return None
+
+    def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
+        # Runs once, in the front end, before any worker reads the weights.
+        if not self.prequantized or not os.path.isdir(model_name):
+            return
+        if verify_manifest(model_name) is None:
+            logger.warning(
+                "cpu_int4 checkpoint %s has no %s; its files cannot be checked for "
+                "truncation or modification",
+                model_name,
+                MANIFEST_NAME,
+            )
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, ParallelLMHead):
+            if not self.lm_head:
+                return None  # vLLM's unquantized head
+            kind, in_features = "lm_head", layer.embedding_dim
+        elif isinstance(layer, LinearBase):
+            kind, in_features = "linear", layer.input_size
+        else:
+            return None  # embeddings, attention, MoE: unquantized
+        if not self.prequantized:
+            try:
+                group_size_for(in_features, self.group_size, what=prefix)
+            except Int4FormatError as exc:
+                logger.warning("cpu_int4: leaving %s unquantized: %s", prefix, exc)
+                evidence.record(
+                    evidence.LayerChoice(prefix, kind, "unquantized", str(exc), in_features, -1, None)
+                )
+                return UnquantizedLinearMethod() if kind == "linear" else None
+        evidence.expect(prefix)
+        return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix)

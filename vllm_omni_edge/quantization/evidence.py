@@ -1,0 +1,81 @@
+"""Which kernel each cpu_int4 layer runs on, in this process (the model worker).
+
+``kernel_counts()`` -> ``{"linear:int4pack": 210, "lm_head:int4pack": 1, "fallback": 0}``.
+"fallback" counts layers on the slow dequantize-per-call kernel; layers left
+unquantized (online quantization of a shape the format cannot hold) count as
+"<kind>:unquantized". When every layer the config handed a method to has been
+processed, one INFO line summarises the choices.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+from vllm_omni_edge.log import get_logger
+
+logger = get_logger("cpu_int4")
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    prefix: str
+    kind: str  # "linear" | "lm_head"
+    kernel: str  # a kernel name, or "unquantized"
+    reason: str
+    in_features: int
+    out_features: int
+    group_size: int | None
+
+
+_lock = threading.Lock()
+_expected: set[str] = set()
+_choices: dict[str, LayerChoice] = {}
+_summarised = False
+
+
+def expect(prefix: str) -> None:
+    """A layer was given a cpu_int4 method; it will report in process_weights_after_loading."""
+    with _lock:
+        _expected.add(prefix)
+
+
+def record(choice: LayerChoice) -> None:
+    global _summarised
+    with _lock:
+        _choices[choice.prefix] = choice
+        done = bool(_expected) and _expected <= _choices.keys() and not _summarised
+        if done:
+            _summarised = True
+    if done:
+        logger.info("cpu_int4: %s", summary())
+
+
+def kernel_counts() -> dict[str, int]:
+    with _lock:
+        counts = Counter(f"{c.kind}:{c.kernel}" for c in _choices.values())
+        fallback = sum(c.kernel == "dequant" for c in _choices.values())
+    return {**dict(sorted(counts.items())), "fallback": fallback}
+
+
+def layer_choices() -> list[dict]:
+    with _lock:
+        return [asdict(c) for c in _choices.values()]
+
+
+def summary() -> str:
+    counts = kernel_counts()
+    with _lock:
+        reasons = sorted({f"{c.kernel}: {c.reason}" for c in _choices.values()})
+    layers = sum(v for k, v in counts.items() if k != "fallback")
+    return f"{layers} layers, kernels {counts}; reasons: {' | '.join(reasons)}"
+
+
+def reset() -> None:
+    """Forget everything (tests, or a second model in the same process)."""
+    global _summarised
+    with _lock:
+        _expected.clear()
+        _choices.clear()
+        _summarised = False

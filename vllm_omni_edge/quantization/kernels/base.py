@@ -1,0 +1,72 @@
+"""What every cpu_int4 kernel provides, and the CPU facts they choose by.
+
+A kernel takes a layer holding the stored triple (``qweight`` uint8 [N, K/2],
+``scales`` [N, G], ``zeros`` uint8 [N, G]; see ``int4.py``), repacks it once
+into the one layout it runs on (``process_weights``), then multiplies
+activations by it (``apply``). The repacked tensors stay registered on the layer
+as parameters, so memory accounting sees them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    capability: str  # PyTorch's kernel dispatch level: "AVX2", "AVX512", "DEFAULT", ...
+    amx: bool  # AMX tiles present (AMX-BF16/INT8 Xeons)
+    vllm_w4a8_op: bool  # vLLM's _C was built with int4_scaled_mm_cpu
+
+    @classmethod
+    @functools.cache
+    def detect(cls) -> "CpuFeatures":
+        return cls(
+            capability=torch.backends.cpu.get_cpu_capability(),
+            amx=bool(torch.cpu._is_amx_tile_supported()),
+            vllm_w4a8_op=_has_vllm_w4a8_op(),
+        )
+
+
+def _has_vllm_w4a8_op() -> bool:
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads vLLM's _C op library)
+    except Exception:
+        return False
+    return hasattr(torch.ops._C, "int4_scaled_mm_cpu") and hasattr(
+        torch.ops._C, "convert_weight_packed_scale_zp"
+    )
+
+
+class Int4Kernel:
+    name: ClassVar[str]
+
+    @classmethod
+    def can_implement(
+        cls, features: CpuFeatures, group_size: int, K: int, N: int, act_dtype: torch.dtype
+    ) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def process_weights(self, layer: torch.nn.Module) -> None:
+        raise NotImplementedError
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def set_weight(layer: torch.nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    """Replace (or, with None, remove) one of the layer's parameters."""
+    if name in layer._parameters:
+        del layer._parameters[name]
+    if tensor is not None:
+        layer.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
+
+
+def as_2d(x: torch.Tensor, K: int) -> torch.Tensor:
+    return x.reshape(-1, K).contiguous()

@@ -1,0 +1,132 @@
+"""How a cpu_int4 layer is built, loaded and run inside vLLM.
+
+Two ways in, one resident result:
+
+- pre-quantized checkpoint (``quantization_config.quant_method == "cpu_int4"``):
+  ``qweight`` / ``scales`` / ``zeros`` are created in the stored format
+  (``int4.py``) with the output dim as dim 0, so vLLM's v2 loaders place
+  q/k/v and gate/up shards by output offset exactly as for a bf16 weight;
+- a bf16/fp16/fp32 checkpoint with ``quantization="cpu_int4"``: a plain
+  ``weight`` is loaded and quantized in ``process_weights_after_loading``. The
+  whole bf16 model is in memory before the first layer is quantized, so the
+  load-time peak is bf16 + int4 (layer-wise online loading is not done yet).
+
+Either way the chosen kernel then repacks the triple once into its own layout.
+
+The LM head (``ParallelLMHead``) is built by the same method: it gets its own
+4-bit copy while the input embedding stays bf16 for lookups. With tied word
+embeddings and online quantization, the head first shares the embedding's
+bf16 weight (so it is loaded once), quantizes from it, then drops its reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearMethodBase
+from vllm.model_executor.parameter import (
+    GroupQuantScaleParameter,
+    ModelWeightParameter,
+    PackedvLLMParameter,
+)
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_omni_edge.quantization import evidence
+from vllm_omni_edge.quantization.int4 import SCALE_DTYPE, group_size_for, quantize
+from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
+from vllm_omni_edge.quantization.kernels.base import set_weight
+
+
+class CpuInt4LinearMethod(LinearMethodBase):
+    def __init__(self, group_size: int, prequantized: bool, kind: str, prefix: str):
+        self.requested_group_size = group_size
+        self.prequantized = prequantized
+        self.kind = kind  # "linear" | "lm_head"
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ):
+        weight_loader = extra_weight_attrs.pop("weight_loader")
+        K, N = input_size_per_partition, sum(output_partition_sizes)
+        g = group_size_for(K, self.requested_group_size, what=self.prefix or "layer")
+        layer.int4_in_features = K
+        layer.int4_group_size = g
+        layer.int4_act_dtype = params_dtype
+        if self.prequantized:
+            params = {
+                "qweight": PackedvLLMParameter(
+                    data=torch.empty(N, K // 2, dtype=torch.uint8),
+                    input_dim=1,
+                    output_dim=0,
+                    packed_dim=1,
+                    packed_factor=2,
+                    weight_loader=weight_loader,
+                ),
+                "scales": GroupQuantScaleParameter(
+                    data=torch.empty(N, K // g, dtype=SCALE_DTYPE),
+                    input_dim=1,
+                    output_dim=0,
+                    weight_loader=weight_loader,
+                ),
+                "zeros": GroupQuantScaleParameter(
+                    data=torch.empty(N, K // g, dtype=torch.uint8),
+                    input_dim=1,
+                    output_dim=0,
+                    weight_loader=weight_loader,
+                ),
+            }
+        else:
+            params = {
+                "weight": ModelWeightParameter(
+                    data=torch.empty(N, K, dtype=params_dtype),
+                    input_dim=1,
+                    output_dim=0,
+                    weight_loader=weight_loader,
+                )
+            }
+        for name, param in params.items():
+            layer.register_parameter(name, param)
+            set_weight_attrs(param, extra_weight_attrs)
+
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
+        if not self.prequantized:
+            # Share the bf16 weight so it is loaded once; quantized from it later.
+            layer.weight = embed_tokens.weight
+        # Pre-quantized: the head keeps its own lm_head.* 4-bit tensors.
+        return layer
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        g = layer.int4_group_size
+        if not self.prequantized:
+            qweight, scales, zeros = quantize(layer.weight.data, g, what=self.prefix)
+            set_weight(layer, "weight", None)  # a tied embedding keeps its own reference
+            set_weight(layer, "qweight", qweight)
+            set_weight(layer, "scales", scales)
+            set_weight(layer, "zeros", zeros)
+        K, N = layer.int4_in_features, layer.qweight.shape[0]
+        kernel_cls, reason = choose_kernel(
+            CpuFeatures.detect(), g, K, N, layer.int4_act_dtype, what=self.prefix
+        )
+        kernel = kernel_cls()
+        kernel.process_weights(layer)
+        layer.int4_kernel = kernel
+        evidence.record(
+            evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g)
+        )
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return layer.int4_kernel.apply(layer, x, bias)
+
+
+# Linear layers hand v2-parameter methods to weight_loader_v2 only when listed here.
+if CpuInt4LinearMethod.__name__ not in WEIGHT_LOADER_V2_SUPPORTED:
+    WEIGHT_LOADER_V2_SUPPORTED.append(CpuInt4LinearMethod.__name__)
