@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from vllm_omni_edge.memory import mib, tree_memory
+from benchmarks.edge_harness.ledger import MemoryLedger, tree_total
+
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
 DECODE_TOKENS = 128  # tg128, as llama-bench measures decode
@@ -43,6 +44,10 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def mib(n: int) -> float:
+    return n / (1 << 20)
 
 
 class ServerProcess:
@@ -168,24 +173,25 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
         _, decode_tokens, _, decode = ask_streaming(
             server.base_url, "Tell me a long story.", DECODE_TOKENS, out=None, ignore_eos=True
         )
-        mem = tree_memory(server.proc.pid)
+        memory = MemoryLedger(server.proc.pid).sample()["procs"]
     finally:
         code = server.stop()
+    total = tree_total(memory)
     result = DemoResult(
         answer=answer,
         completion_tokens=tokens,
         decode_tokens_per_s=decode,
         ttft_s=ttft,
         startup_s=startup,
-        pss_bytes=sum(m.pss for m in mem),
-        pss_anon_bytes=sum(m.pss_anon for m in mem),
-        pss_file_bytes=sum(m.pss_file for m in mem),
-        processes=len(mem),
+        pss_bytes=total["pss"],
+        pss_anon_bytes=total["pss_anon"],
+        pss_file_bytes=total["pss_file"],
+        processes=len(memory),
     )
     print(
         f"\nanswer: {tokens} tokens, time to first token {ttft:.2f} s\n"
         f"decode: {decode:.1f} tok/s over {decode_tokens} tokens (greedy, one stream)\n"
-        f"server tree PSS {mib(result.pss_bytes):.0f} MiB over {len(mem)} processes "
+        f"server tree PSS {mib(result.pss_bytes):.0f} MiB over {result.processes} processes "
         f"(anon {mib(result.pss_anon_bytes):.0f} MiB, file {mib(result.pss_file_bytes):.0f} MiB)\n"
         f"server stopped (exit code {code})"
     )

@@ -1,0 +1,295 @@
+"""The grid: which arms to compare, on which workloads, how many passes.
+
+A grid is a YAML file. Unknown keys are errors, so a misspelt setting cannot be
+silently ignored and then "measured".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from benchmarks.edge_harness.evidence import parse_expectation
+from benchmarks.edge_harness.sizes import parse_size
+
+DEFAULT_MODEL = "default"
+EVIDENCE_ENV = "VLLM_OMNI_EDGE_EVIDENCE_DIR"
+# llm_kwargs whose values are byte counts; people write them as "192MiB".
+SIZE_KWARGS = ("kv_cache_memory_bytes",)
+_SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # used in file names
+
+
+class GridError(ValueError):
+    """A grid file that cannot be run, with one line per problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DecodeWorkload(_Strict):
+    """Generation speed after the prompt, llama-bench's tgN: greedy, ignore_eos."""
+
+    kind: Literal["decode"] = "decode"
+    prompt_tokens: int = Field(16, ge=1, description="tokens in the prompt before generation")
+    gen_tokens: int = Field(128, ge=2, description="tokens generated (tg128 by default)")
+    warmup: bool = Field(True, description="run one unmeasured request of the same shape first")
+
+    @property
+    def label(self) -> str:
+        default_prompt = type(self).model_fields["prompt_tokens"].default
+        suffix = "" if self.prompt_tokens == default_prompt else f"@p{self.prompt_tokens}"
+        return f"tg{self.gen_tokens}{suffix}"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.gen_tokens
+
+
+class PrefillWorkload(_Strict):
+    """Prompt processing speed, llama-bench's ppN: one request, max_tokens=1."""
+
+    kind: Literal["prefill"] = "prefill"
+    prompt_tokens: int = Field(512, ge=1, description="tokens in the prompt")
+    warmup: bool = Field(True, description="run one unmeasured request of the same shape first")
+
+    @property
+    def label(self) -> str:
+        return f"pp{self.prompt_tokens}"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + 1
+
+
+class TtftWorkload(_Strict):
+    """Time to first token for a prompt of this length on a warm engine."""
+
+    kind: Literal["ttft"] = "ttft"
+    prompt_tokens: int = Field(128, ge=1, description="tokens in the prompt")
+    warmup: bool = Field(True, description="run one unmeasured request of the same shape first")
+
+    @property
+    def label(self) -> str:
+        return f"ttft{self.prompt_tokens}"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + 1
+
+
+class ColdStartWorkload(_Strict):
+    """Process start to first token, and the engine constructor's share of it."""
+
+    kind: Literal["cold_start"] = "cold_start"
+
+    @property
+    def label(self) -> str:
+        return "cold_start"
+
+    @property
+    def context_tokens(self) -> int:
+        return 0
+
+
+class ServerWorkload(_Strict):
+    """Concurrent clients against the OpenAI server. Declared, not implemented yet."""
+
+    kind: Literal["server"] = "server"
+    clients: int = Field(4, ge=1, description="concurrent clients")
+    requests: int = Field(32, ge=1, description="requests in total")
+    prompt_tokens: int = Field(128, ge=1, description="tokens per prompt")
+    gen_tokens: int = Field(128, ge=1, description="tokens generated per request")
+
+    @property
+    def label(self) -> str:
+        return f"server{self.clients}x{self.requests}"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.gen_tokens
+
+
+Workload = Annotated[
+    Union[DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload],
+    Field(discriminator="kind"),
+]
+WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server")
+
+
+class Arm(_Strict):
+    """One configuration to measure. Arms should differ in one thing only."""
+
+    name: str = Field(pattern=_SAFE_NAME, description="short name; used in file names")
+    engine: Literal["vllm", "llamacpp"] = Field("vllm", description="vllm; llamacpp is declared, not runnable yet")
+    model: str = Field(DEFAULT_MODEL, description="checkpoint path, or 'default' for the embedded model")
+    llm_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="passed to vllm.LLM(...); kv_cache_memory_bytes accepts '192MiB'",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the pass process")
+    expect: dict[str, Any] = Field(
+        default_factory=dict,
+        description="dotted key of the worker evidence -> value ('192MiB', '~192MiB', '<=1GiB', false)",
+    )
+
+    @field_validator("llm_kwargs")
+    @classmethod
+    def _sizes_and_no_model(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if "model" in kwargs:
+            raise ValueError("put the checkpoint in the arm's 'model', not in llm_kwargs")
+        converted = dict(kwargs)
+        for key in SIZE_KWARGS:
+            if key in converted and converted[key] is not None:
+                converted[key] = parse_size(converted[key])
+        return converted
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_strings(cls, env: Any) -> Any:
+        if not isinstance(env, dict):
+            return env
+        out = {}
+        for key, value in env.items():
+            # YAML turns `1` into an int and `yes` into True; only the int is unambiguous.
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise ValueError(f"env {key}: write the value as a string, e.g. '1' (got {value!r})")
+            out[key] = str(value)
+        if EVIDENCE_ENV in out:
+            raise ValueError(f"env {EVIDENCE_ENV} is set by the harness for each pass")
+        return out
+
+    @field_validator("expect")
+    @classmethod
+    def _expectations_parse(cls, expect: dict[str, Any]) -> dict[str, Any]:
+        for key, value in expect.items():
+            parse_expectation(key, value)  # raises ValueError naming the key
+        return expect
+
+
+class Grid(_Strict):
+    """Arms × workloads, measured in interleaved passes."""
+
+    name: str = Field(pattern=_SAFE_NAME, description="grid name; used in the results directory")
+    description: str = Field("", description="what the grid asks, in a sentence")
+    passes: int = Field(3, ge=3, description="passes per arm; medians need at least 3")
+    control: str = Field(description="the arm every other arm is compared with")
+    rotate_start: bool = Field(False, description="start each pass with the next arm (A B C, B C A, ...)")
+    timeout_s: float = Field(600.0, gt=0, description="wall-clock limit for one pass, load included")
+    arms: list[Arm] = Field(min_length=1, description="configurations to compare")
+    workloads: list[Workload] = Field(min_length=1, description="what each pass measures, in order")
+
+    @field_validator("workloads", mode="before")
+    @classmethod
+    def _workload_shorthand(cls, items: Any) -> Any:
+        # YAML reads best as `- decode: {gen_tokens: 128}` or `- cold_start`.
+        if not isinstance(items, list):
+            return items
+        out = []
+        for item in items:
+            if isinstance(item, str):
+                item = {"kind": item}
+            elif isinstance(item, dict) and len(item) == 1 and "kind" not in item:
+                (kind, params), = item.items()
+                item = {"kind": kind, **(params or {})}
+            out.append(item)
+        return out
+
+    @model_validator(mode="after")
+    def _arms_consistent(self) -> "Grid":
+        names = [arm.name for arm in self.arms]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"arm names must be unique; repeated: {', '.join(duplicates)}")
+        if self.control not in names:
+            raise ValueError(f"control {self.control!r} is not an arm (arms: {', '.join(names)})")
+        labels = [workload.label for workload in self.workloads]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"workloads repeat the same measurement: {', '.join(repeated)}")
+        for arm in self.arms:
+            limit = arm.llm_kwargs.get("max_model_len")
+            if not isinstance(limit, int):
+                continue
+            for workload in self.workloads:
+                # vLLM rejects a prompt as long as max_model_len, and stops generating
+                # at it, so a workload that does not fit would measure fewer tokens.
+                if workload.context_tokens > limit:
+                    raise ValueError(
+                        f"arm {arm.name}: workload {workload.label} needs {workload.context_tokens} "
+                        f"tokens of context but max_model_len is {limit}"
+                    )
+        return self
+
+    def arm(self, name: str) -> Arm:
+        return next(arm for arm in self.arms if arm.name == name)
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [arm.name for arm in self.arms]
+
+
+def resolve_model(model: str) -> str:
+    if model == DEFAULT_MODEL:
+        from vllm_omni_edge.models.default_model import default_model_dir
+
+        return str(default_model_dir())
+    return str(Path(model).expanduser())
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "grid"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        elif item["type"] == "union_tag_invalid":
+            lines.append(f"{where}: unknown workload; choose one of {', '.join(WORKLOAD_KINDS)}")
+        else:
+            lines.append(f"{where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_grid(data: Any) -> Grid:
+    try:
+        return Grid.model_validate(data)
+    except ValidationError as error:
+        raise GridError(_format_errors(error)) from None
+
+
+def load_grid(path: Path | str) -> tuple[Grid, str]:
+    """Return the grid and the file's exact text (kept with the results)."""
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise GridError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise GridError(f"{path}: a grid is a YAML mapping")
+    return parse_grid(data), text
+
+
+def describe_axes() -> str:
+    """Every key a grid accepts, from the models themselves, for --help."""
+    lines = []
+
+    def fields(model: type[BaseModel], indent: str) -> None:
+        for name, info in model.model_fields.items():
+            if name == "kind":
+                continue
+            default = "" if info.is_required() else f" [default: {info.get_default(call_default_factory=True)!r}]"
+            lines.append(f"{indent}{name}: {info.description or ''}{default}")
+
+    lines.append("grid:")
+    fields(Grid, "  ")
+    lines.append("arms[]:")
+    fields(Arm, "  ")
+    lines.append("workloads[] are written `- decode: {gen_tokens: 128}` or just `- cold_start`:")
+    for model in (DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload):
+        kind = model.model_fields["kind"].default
+        lines.append(f"workloads[] - {kind}: {model.__doc__.strip()}")
+        fields(model, "    ")
+    return "\n".join(lines)

@@ -1,0 +1,239 @@
+"""One pass of one arm on vLLM, in a fresh process.
+
+    python -m benchmarks.edge_harness.pass_vllm --spec spec.json --out result.json
+
+A fresh process per pass, so no pass inherits another's caches, compiled graphs
+or allocator state. Everything vLLM-specific happens under ``__main__``: vLLM
+spawns its engine and worker as new interpreters that import this module again.
+
+Timing is wall clock (``time.perf_counter``) around ``LLM.generate``, because
+``RequestOutput.metrics`` is None unless log stats are enabled, and enabling
+them would change the arm. When an arm enables them, engine-side figures are
+recorded as well, each figure saying which source it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.edge_harness import pass_events
+from benchmarks.edge_harness.prompts import PromptBank
+
+WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
+WALL_ONE_TOKEN = "wall clock: one request with max_tokens=1"
+WARMUP_GEN_TOKENS = 8
+ENGINE_DECODE = "engine timestamps: (n-1) / (last_token_ts - first_token_ts)"
+
+
+def _figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
+    return {"value": value, "unit": unit, "better": better, "source": source}
+
+
+class Pass:
+    """Runs the workloads of one spec against one LLM and records what came back."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.bank = PromptBank.from_tokenizer(llm.get_tokenizer())
+        self.problems: list[str] = []
+
+    def generate(self, prompt_tokens: int, max_tokens: int, purpose: str) -> dict[str, Any]:
+        from vllm import SamplingParams
+
+        ids = self.bank.take(prompt_tokens)
+        # Greedy and ignore_eos: every arm generates exactly max_tokens tokens.
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        output = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+        seconds = time.perf_counter() - start
+        record = {
+            "purpose": purpose,
+            "seconds": seconds,
+            "prompt_tokens": len(output.prompt_token_ids),
+            "gen_tokens": len(output.outputs[0].token_ids),
+            "cached_tokens": output.num_cached_tokens,
+            "finish_reason": output.outputs[0].finish_reason,
+            "engine": _engine_times(output.metrics),
+        }
+        if record["prompt_tokens"] != prompt_tokens or record["gen_tokens"] != max_tokens:
+            self.problems.append(
+                f"{purpose}: asked for {prompt_tokens}+{max_tokens} tokens, "
+                f"got {record['prompt_tokens']}+{record['gen_tokens']} ({record['finish_reason']})"
+            )
+        if record["cached_tokens"]:
+            self.problems.append(f"{purpose}: {record['cached_tokens']} prompt tokens came from the prefix cache")
+        return record
+
+    def first_token(self) -> dict[str, Any]:
+        return self.generate(8, 1, "first request")
+
+    def run(self, workload: dict[str, Any]) -> dict[str, Any]:
+        kind, label = workload["kind"], workload["label"]
+        requests, figures = [], {}
+        if workload.get("warmup"):
+            # Same prompt length; a few generated tokens exercise the decode shapes already.
+            gen = min(workload.get("gen_tokens", 1), WARMUP_GEN_TOKENS)
+            requests.append(self.generate(workload["prompt_tokens"], gen, f"{label} warm-up"))
+        if kind == "decode":
+            n_prompt, n_gen = workload["prompt_tokens"], workload["gen_tokens"]
+            full = self.generate(n_prompt, n_gen, f"{label} decode")
+            one = self.generate(n_prompt, 1, f"{label} prompt only")
+            requests += [full, one]
+            decode_seconds = full["seconds"] - one["seconds"]
+            if decode_seconds <= 0:
+                self.problems.append(f"{label}: {n_gen} tokens took no longer than 1 ({decode_seconds:.4f} s)")
+            else:
+                figures[label] = _figure((full["gen_tokens"] - 1) / decode_seconds, "tok/s", "higher", WALL_DECODE)
+            engine = full["engine"]
+            if engine and engine["decode_s"] > 0:
+                figures[f"{label} (engine)"] = _figure(
+                    (full["gen_tokens"] - 1) / engine["decode_s"], "tok/s", "higher", ENGINE_DECODE
+                )
+        elif kind in ("prefill", "ttft"):
+            one = self.generate(workload["prompt_tokens"], 1, label)
+            requests.append(one)
+            if kind == "prefill":
+                figures[label] = _figure(one["prompt_tokens"] / one["seconds"], "tok/s", "higher", WALL_ONE_TOKEN)
+            else:
+                figures[label] = _figure(one["seconds"] * 1000, "ms", "lower", WALL_ONE_TOKEN)
+        elif kind == "cold_start":
+            pass  # figures come from the timings of the first request, see main()
+        else:
+            raise NotImplementedError(f"workload {kind!r} is not implemented for vLLM passes yet")
+        return {"kind": kind, "label": label, "params": workload, "figures": figures, "requests": requests}
+
+
+def _engine_times(metrics) -> dict[str, float] | None:
+    """Engine-core timestamps when vLLM kept them (log stats on), else None."""
+    if metrics is None or not getattr(metrics, "first_token_ts", 0):
+        return None
+    return {
+        "queued_to_first_token_s": metrics.first_token_ts - (metrics.scheduled_ts or metrics.first_token_ts),
+        "decode_s": metrics.last_token_ts - metrics.first_token_ts,
+    }
+
+
+def _frontend_config(llm) -> dict[str, Any]:
+    """What the front end resolved from the arm's kwargs (not proof the worker used it)."""
+    wanted = {
+        "kv_cache_memory_bytes": "cache_config.kv_cache_memory_bytes",
+        "block_size": "cache_config.block_size",
+        "enable_prefix_caching": "cache_config.enable_prefix_caching",
+        "max_model_len": "model_config.max_model_len",
+        "dtype": "model_config.dtype",
+        "enforce_eager": "model_config.enforce_eager",
+        "compilation_mode": "compilation_config.mode",
+        "quantization": "model_config.quantization",
+    }
+    found: dict[str, Any] = {}
+    config = llm.llm_engine.vllm_config
+    for name, path in wanted.items():
+        node = config
+        try:
+            for part in path.split("."):
+                node = getattr(node, part)
+        except AttributeError:
+            node = "<absent>"
+        found[name] = node if isinstance(node, (int, float, bool, str, type(None))) else str(node)
+    return found
+
+
+# Arm kwargs the front end must keep as given; e.g. VLLM_CPU_KVCACHE_SPACE silently
+# replaces kv_cache_memory_bytes there.
+KEPT_AS_GIVEN = ("kv_cache_memory_bytes", "max_model_len", "enforce_eager", "block_size", "enable_prefix_caching")
+
+
+def discarded_settings(llm_kwargs: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+    return [
+        f"front end resolved {key}={resolved[key]!r}, the arm asked for {llm_kwargs[key]!r}"
+        for key in KEPT_AS_GIVEN
+        if key in llm_kwargs and key in resolved and resolved[key] != llm_kwargs[key]
+    ]
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+    import vllm
+
+    return {
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": sys.version.split()[0],
+    }
+
+
+def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
+    import psutil
+
+    events = spec["events_path"]
+    pass_events.emit(events, pass_events.STARTED)
+    process_start = psutil.Process().create_time()
+
+    from vllm import LLM
+
+    constructor_start = time.perf_counter()
+    llm = LLM(model=spec["model"], **spec["llm_kwargs"])
+    load_s = time.perf_counter() - constructor_start
+    pass_events.emit(events, pass_events.ENGINE_READY)
+
+    runner = Pass(llm)
+    frontend = _frontend_config(llm)
+    runner.problems += discarded_settings(spec["llm_kwargs"], frontend)
+    first = runner.first_token()
+    first_token_t = pass_events.emit(events, pass_events.FIRST_TOKEN)
+    timings = {
+        "process_start_to_first_token_s": first_token_t - process_start,
+        "engine_constructor_s": load_s,
+        "first_request_s": first["seconds"],
+    }
+
+    workloads = []
+    for workload in spec["workloads"]:
+        result = runner.run(workload)
+        if workload["kind"] == "cold_start":
+            result["figures"] = {
+                "cold_start": _figure(timings["process_start_to_first_token_s"], "s", "lower",
+                                      "wall clock: process creation (psutil) to first token returned"),
+                "load": _figure(load_s, "s", "lower", "wall clock: vllm.LLM(...) constructor"),
+            }
+        workloads.append(result)
+    pass_events.emit(events, pass_events.WORKLOADS_DONE)
+
+    return {
+        "engine": "vllm",
+        "arm": spec["arm"],
+        "pass_index": spec["pass_index"],
+        "pid": os.getpid(),
+        "model": spec["model"],
+        "llm_kwargs": spec["llm_kwargs"],
+        "frontend_config": frontend,
+        "versions": _versions(),
+        "timings": timings,
+        "first_request": first,
+        "workloads": workloads,
+        "problems": runner.problems,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="pass spec written by the runner")
+    parser.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    result = run_pass(spec)
+    tmp = args.out.with_suffix(".partial")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(args.out)  # a result file exists only if it is complete
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""report.md and PNGs from a results directory, and from nothing else.
+
+Tables follow llama-bench: one row per arm and figure, median with its spread,
+the ratio to the control arm, and what really ran (from the worker's evidence,
+not from what the arm asked for). A grid that is not ``ok`` gets its status and
+reasons instead of medians.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.edge_harness.stats import OK, summarise
+from benchmarks.edge_harness.sizes import format_mib
+
+ROLES_ORDER = ("frontend", "engine_core", "worker", "resource_tracker", "other")
+
+
+def load_artifacts(results_dir: Path) -> dict[str, Any]:
+    results_dir = Path(results_dir)
+    provenance = json.loads((results_dir / "provenance.json").read_text())
+    passes = [json.loads(p.read_text()) for p in sorted((results_dir / "passes").glob("*.json"))]
+    passes.sort(key=lambda r: r["seq"])
+    grid = provenance["effective_grid"]
+    summary_path = results_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+    else:  # the run was cut short before writing it
+        summary = summarise(passes, [a["name"] for a in grid["arms"]], grid["control"], grid["passes"])
+    return {"dir": results_dir, "provenance": provenance, "passes": passes, "grid": grid, "summary": summary}
+
+
+def format_value(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return format_mib(value)
+    if unit == "tok/s":
+        return f"{value:,.1f} tok/s"
+    if unit == "ms":
+        return f"{value:,.1f} ms"
+    if unit == "s":
+        return f"{value:,.2f} s"
+    return f"{value:,.4g} {unit}"
+
+
+def backend_of_pass(record: dict[str, Any]) -> str:
+    """What ran, from the worker's evidence; what was configured only if there is none."""
+    result = record.get("result") or {}
+    capability = (result.get("versions") or {}).get("cpu_capability", "?")
+    workers = (record.get("evidence") or {}).get("workers") or []
+    if not workers:
+        eager = (result.get("frontend_config") or {}).get("enforce_eager")
+        configured = "eager" if eager else "compiled" if eager is False else "?"
+        return f"{capability}, configured {configured} (no worker evidence)"
+    worker = workers[0]
+    parts = [capability, "compiled" if worker.get("compiled") else "eager"]
+    if worker.get("amx_tiles"):
+        parts.append("AMX tiles")
+    dtypes = worker.get("weights_bytes_by_dtype") or {}
+    if dtypes:
+        parts.append("weights " + "+".join(sorted(dtypes)))
+    for name, kernel in sorted((worker.get("kernels") or {}).items()):
+        parts.append(f"{name}={kernel}")
+    return ", ".join(str(p) for p in parts)
+
+
+def backend_of_arm(passes: list[dict[str, Any]], arm: str) -> str:
+    seen = sorted({backend_of_pass(r) for r in passes if r["arm"] == arm and r.get("result")})
+    if not seen:
+        return "—"
+    return seen[0] if len(seen) == 1 else "varies by pass: " + " | ".join(seen)
+
+
+def _ratio_text(ratio: dict[str, Any] | None) -> str:
+    if not ratio:
+        return ""
+    return f"{ratio['median']:.3f}× ({ratio['min']:.3f}–{ratio['max']:.3f})"
+
+
+def _header(art: dict[str, Any]) -> list[str]:
+    prov, grid, summary = art["provenance"], art["grid"], art["summary"]
+    git = prov.get("git") or {}
+    cpu = prov.get("cpu") or {}
+    sha = (git.get("sha") or "no commit")[:12] + (" (dirty)" if git.get("dirty") else "")
+    packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in (prov.get("packages") or {}).items())
+    lines = [f"# {grid['name']}: {summary['status']}", ""]
+    if grid.get("description"):
+        lines += [grid["description"], ""]
+    lines += [
+        f"- passes: {grid['passes']} per arm, interleaved{' with rotating start' if grid.get('rotate_start') else ''}; "
+        f"control: `{grid['control']}`",
+        f"- run: {prov.get('started')} → {prov.get('finished')}; code {sha}",
+        f"- packages: {packages}",
+        f"- CPU: {cpu.get('model_name')}, {cpu.get('logical_cpus')} logical CPUs, "
+        f"PyTorch capability {cpu.get('torch_cpu_capability')}; memory {format_mib((prov.get('memory') or {}).get('total_bytes'))}",
+        f"- command: `{' '.join(prov.get('command', []))}`",
+        "",
+    ]
+    return lines
+
+
+def _arms_table(art: dict[str, Any]) -> list[str]:
+    lines = ["## Arms: what each asked for", "", "| arm | engine | model | llm_kwargs | env | expect |",
+             "|---|---|---|---|---|---|"]
+    for arm in art["grid"]["arms"]:
+        def inline(mapping: dict) -> str:
+            return ", ".join(f"{k}={v}" for k, v in mapping.items()) or "—"
+
+        lines.append(f"| {arm['name']}{' (control)' if arm['name'] == art['grid']['control'] else ''} | "
+                     f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'])} | {inline(arm['env'])} | "
+                     f"{inline(arm['expect'])} |")
+    return lines + [""]
+
+
+def _refusal(summary: dict[str, Any]) -> list[str]:
+    lines = [f"## No medians: the grid is {summary['status']}", ""]
+    lines += [f"- {reason}" for reason in summary["reasons"]]
+    return lines + [""]
+
+
+def _figures_table(art: dict[str, Any]) -> list[str]:
+    summary, passes = art["summary"], art["passes"]
+    lines = [
+        f"## Figures (median of {summary['passes']} passes; spread is min–max; ratio is arm/control pass by pass)",
+        "",
+        "| arm | figure | median | spread (min–max) | vs control | backend that ran |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, table in summary["arms"].items():
+        backend = backend_of_arm(passes, arm)
+        for name, fig in table.items():
+            unit = fig["unit"]
+            backend, shown = "", backend  # once per arm, on its first row
+            lines.append(
+                f"| {arm} | {name} ({'↑' if fig['better'] == 'higher' else '↓'}) | {format_value(fig['median'], unit)} | "
+                f"{format_value(fig['min'], unit)} – {format_value(fig['max'], unit)} | "
+                f"{_ratio_text(fig.get('ratio_vs_control')) if arm != summary['control'] else 'control'} | {shown} |"
+            )
+    lines += ["", "Sources:", ""]
+    sources = sorted({(name, fig["source"]) for table in summary["arms"].values() for name, fig in table.items()})
+    lines += [f"- {name}: {source}" for name, source in sources]
+    for note in summary.get("notes", []):
+        lines.append(f"- note: {note}")
+    return lines + [""]
+
+
+def _memory_table(art: dict[str, Any]) -> list[str]:
+    """Per arm and role: medians over passes of each process's steady PSS and its parts."""
+    lines = [
+        "## Memory per process (steady state, median over passes; PSS, never RSS)",
+        "",
+        "| arm | role | title | PSS | Pss_Anon | Pss_File | Pss_Shmem | USS | load peak PSS | peak PSS |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_key: dict[tuple[str, str, str], list[dict]] = {}
+    for record in art["passes"]:
+        for proc in ((record.get("ledger") or {}).get("processes") or {}).values():
+            by_key.setdefault((record["arm"], proc["role"], proc["title"][:40]), []).append(proc)
+
+    def med(procs: list[dict], window: str, field: str) -> str:
+        values = [p[window][field] for p in procs if p.get(window) and p[window].get(field) is not None]
+        return format_mib(statistics.median(values)) if values else "—"
+
+    arms = [a["name"] for a in art["grid"]["arms"]]
+    for (arm, role, title), procs in sorted(
+        by_key.items(), key=lambda kv: (arms.index(kv[0][0]), ROLES_ORDER.index(kv[0][1]) if kv[0][1] in ROLES_ORDER else 99)
+    ):
+        lines.append(
+            f"| {arm} | {role} | `{title}` | {med(procs, 'steady', 'pss')} | {med(procs, 'steady', 'pss_anon')} | "
+            f"{med(procs, 'steady', 'pss_file')} | {med(procs, 'steady', 'pss_shmem')} | {med(procs, 'steady', 'uss')} | "
+            f"{med(procs, 'peak_load', 'pss')} | {med(procs, 'peak', 'pss')} |"
+        )
+    return lines + [""]
+
+
+def _passes_table(art: dict[str, Any]) -> list[str]:
+    lines = ["## Passes (in the order they ran)", "", "| # | pass | arm | status | wall | load avg (1 min) | notes |",
+             "|---|---|---|---|---|---|---|"]
+    for r in art["passes"]:
+        wall = f"{r['wall_s']:.0f} s" if "wall_s" in r else "—"
+        load = f"{r['load_average_at_start'][0]:.2f}" if r.get("load_average_at_start") else "—"
+        notes = "; ".join(r.get("reasons", []) + r.get("warnings", [])).replace("|", "\\|")
+        lines.append(f"| {r['seq']} | {r['pass_index']} | {r['arm']} | {r['status']} | {wall} | {load} | {notes} |")
+    return lines + [""]
+
+
+def render_markdown(art: dict[str, Any]) -> str:
+    lines = _header(art) + _arms_table(art)
+    if art["summary"]["status"] == OK:
+        lines += _figures_table(art)
+        lines += _memory_table(art)
+    else:
+        lines += _refusal(art["summary"])
+    lines += _passes_table(art)
+    return "\n".join(lines)
+
+
+def render_plots(art: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    arms = [a["name"] for a in art["grid"]["arms"]]
+    colours = {arm: f"C{i}" for i, arm in enumerate(arms)}
+
+    # Tree PSS over time for every pass that ran: shows load, steady state and crashes.
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for record in art["passes"]:
+        ledger = record.get("ledger") or {}
+        timeline = ledger.get("timeline") or []
+        if not timeline:
+            continue
+        t = [s["t"] for s in timeline]
+        pss = [sum(s["pss"].values()) / (1 << 20) for s in timeline]
+        ax.plot(t, pss, color=colours[record["arm"]], alpha=0.7, linestyle="-" if record["status"] == OK else ":",
+                label=f"{record['arm']}" if record["pass_index"] == 1 else None)
+        if ledger.get("first_token_s") is not None:
+            ax.axvline(ledger["first_token_s"], color=colours[record["arm"]], alpha=0.2)
+    ax.set_xlabel("seconds since pass start")
+    ax.set_ylabel("tree PSS (MiB)")
+    ax.set_title("Process-tree PSS per pass (vertical lines: first token; dotted: not ok)")
+    ax.legend()
+    fig.tight_layout()
+    path = art["dir"] / "memory-timeline.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    summary = art["summary"]
+    if summary["status"] != OK:
+        return written
+    names = list(dict.fromkeys(name for table in summary["arms"].values() for name in table))
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        for i, arm in enumerate(arms):
+            fig_data = summary["arms"][arm].get(name)
+            if not fig_data:
+                continue
+            scale = 1 / (1 << 20) if fig_data["unit"] == "bytes" else 1
+            median = fig_data["median"] * scale
+            ax.bar(i, median, color=colours[arm],
+                   yerr=[[median - fig_data["min"] * scale], [fig_data["max"] * scale - median]], capsize=4)
+            ax.plot([i] * len(fig_data["values"]), [v * scale for v in fig_data["values"]], "k.", alpha=0.6)
+        unit = next(summary["arms"][a][name]["unit"] for a in arms if name in summary["arms"][a])
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("MiB" if unit == "bytes" else unit)
+        ax.set_xticks(range(len(arms)), arms, rotation=30, fontsize=8)
+    fig.suptitle("median, min–max and each pass")
+    fig.tight_layout()
+    path = art["dir"] / "figures.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write_report(results_dir: Path) -> Path:
+    art = load_artifacts(results_dir)
+    path = Path(results_dir) / "report.md"
+    plots = render_plots(art)
+    text = render_markdown(art) + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n"
+    path.write_text(text)
+    return path

@@ -1,0 +1,82 @@
+"""report.md and PNGs from artifacts made by the runner (with fake_pass), and the CLI."""
+
+import json
+
+import pytest
+
+from benchmarks.edge_harness import cli, runner
+from benchmarks.edge_harness.report import load_artifacts, render_markdown, write_report
+from tests.harness.conftest import fake_grid, quiet_options
+
+
+def make_results(tmp_path, a, b, **options):
+    out = tmp_path / "results"
+    runner.run_grid(fake_grid(tmp_path, a, b), "name: unit\n", out, quiet_options(**options))
+    return out
+
+
+def test_report_of_a_clean_grid(tmp_path, fake_engine):
+    out = make_results(tmp_path, {"tok_s": [10, 20, 40]}, {"tok_s": [5, 10, 20]})
+    path = write_report(out)
+    text = path.read_text()
+    assert text.startswith("# unit: ok")
+    assert "| a | tg16 (↑) | 20.0 tok/s | 10.0 tok/s – 40.0 tok/s | control |" in text
+    assert "| b | tg16 (↑) | 10.0 tok/s | 5.0 tok/s – 20.0 tok/s | 0.500× (0.500–0.500) |" in text
+    assert "FAKE, compiled, weights bfloat16" in text  # the backend comes from the worker's evidence
+    assert "| a | worker | `" in text and "| a | frontend | `" in text  # memory per process, by role
+    assert (out / "figures.png").stat().st_size > 0 and (out / "memory-timeline.png").stat().st_size > 0
+
+
+def test_report_of_a_crashed_grid_has_reasons_and_no_medians(tmp_path, fake_engine):
+    out = make_results(tmp_path, {}, {"fake": "crash"})
+    text = write_report(out).read_text()
+    assert text.startswith("# unit: crashed")
+    assert "No medians" in text and "exited with code 3" in text
+    assert "median" not in text.replace("No medians", "")
+    assert not (out / "figures.png").exists()
+
+
+def test_report_recomputes_a_missing_summary_as_not_ok(tmp_path, fake_engine):
+    out = make_results(tmp_path, {}, {})
+    (out / "summary.json").unlink()
+    for stem in ("03-a", "03-b"):
+        (out / "passes" / f"{stem}.json").unlink()  # as if the run was cut short
+    art = load_artifacts(out)
+    assert art["summary"]["status"] == "incomplete"
+    assert "No medians: the grid is incomplete" in render_markdown(art)
+
+
+def test_cli_help_lists_every_axis(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    for axis in ("--passes", "--out", "--rotate", "--keep-going", "--timeout-s", "llm_kwargs", "expect", "env",
+                 "rotate_start", "timeout_s", "gen_tokens", "prompt_tokens", "cold_start", "server", "clients"):
+        assert axis in text, axis
+
+
+def test_cli_refuses_too_few_passes_and_bad_grids(tmp_path, capsys):
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\ncontrol: a\narms: [{name: a, model: /tmp}]\nworkloads: [cold_start]\n")
+    assert cli.main(["run", str(grid), "--passes", "2", "--check"]) == cli.EXIT_BAD_GRID
+    assert "passes" in capsys.readouterr().err
+    assert cli.main(["run", str(grid), "--check"]) == cli.EXIT_OK
+    grid.write_text("name: g\ncontrol: a\narms: [{name: a, modle: /tmp}]\nworkloads: [cold_start]\n")
+    assert cli.main(["run", str(grid), "--check"]) == cli.EXIT_BAD_GRID
+    assert "arms.0.modle: unknown key" in capsys.readouterr().err
+
+
+def test_cli_run_then_report(tmp_path, fake_engine, capsys):
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"name: g\ncontrol: a\narms: [{{name: a, model: {tmp_path}}}, {{name: b, model: {tmp_path}}}]\n"
+                    "workloads: [{decode: {gen_tokens: 16}}]\n")
+    out = tmp_path / "out"
+    assert cli.main(["run", str(grid), "--out", str(out), "--rotate", "--sample-interval-ms", "50"]) == cli.EXIT_OK
+    assert (out / "report.md").exists()
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance["overrides"] == {"rotate_start": True}
+    order = [json.loads(p.read_text())["arm"] for p in sorted((out / "passes").glob("*.json"),
+                                                               key=lambda p: json.loads(p.read_text())["seq"])]
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    (out / "report.md").unlink()
+    assert cli.main(["report", str(out)]) == cli.EXIT_OK and (out / "report.md").exists()
