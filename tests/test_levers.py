@@ -114,3 +114,28 @@ def test_bad_env_budget_is_a_clear_error(monkeypatch, raw, message):
     monkeypatch.setenv(kv.ENV_KVCACHE_SPACE, raw)
     with pytest.raises(kv.KVBudgetError, match=message):
         kv.env_kvcache_space_bytes()
+
+
+def test_input_embedding_is_not_prepacked_but_the_head_is(monkeypatch):
+    from vllm.model_executor.layers import vocab_parallel_embedding as vpe
+
+    from vllm_omni_edge.patches.worker import embedding_prepack
+
+    monkeypatch.setattr(vpe.UnquantizedEmbeddingMethod, "process_weights_after_loading",
+                        vpe.UnquantizedEmbeddingMethod.process_weights_after_loading)
+    embedding_prepack._wrap(vpe)
+    def bare(cls):  # the layer without its tensor-parallel set-up
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer.weight = torch.nn.Parameter(torch.randn(512, 64, dtype=torch.bfloat16),
+                                          requires_grad=False)
+        return layer
+
+    embed, head = bare(vpe.VocabParallelEmbedding), bare(vpe.ParallelLMHead)
+    method = vpe.UnquantizedEmbeddingMethod()
+    for layer in (embed, head):
+        method.process_weights_after_loading(layer)
+    assert not hasattr(embed, "cpu_linear")  # no prepacked copy for lookups
+    assert hasattr(head, "cpu_linear")  # the head still gets its matmul kernel
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    torch.testing.assert_close(head.cpu_linear(x, head.weight, None), x @ head.weight.t())

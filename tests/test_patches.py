@@ -147,3 +147,19 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
         reserved = reserved_cores.MEASURED_DEFAULTS[usable_cores()]
         assert worker["torch_threads"] == usable_cores() - reserved
         assert worker["omp_num_threads"] == str(usable_cores() - reserved)
+
+
+def test_import_hook_runs_after_first_import_and_at_once_when_loaded(tmp_path, monkeypatch):
+    from vllm_omni_edge.patches.import_hook import when_imported
+
+    (tmp_path / "edge_hook_target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    assert when_imported("edge_hook_target", lambda m: seen.append(m.VALUE)) is False
+    assert seen == []
+    import edge_hook_target  # noqa: F401
+
+    assert seen == [1]
+    assert when_imported("edge_hook_target", lambda m: seen.append(2)) is True
+    assert seen == [1, 2]
+    sys.modules.pop("edge_hook_target")

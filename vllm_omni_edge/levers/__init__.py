@@ -8,6 +8,7 @@ inherit the front end's environment).
 |---|---|---|---|
 | RoPE table sized to max_model_len | VLLM_OMNI_EDGE_ROPE_CAP=1/0 | 1 | rope_cap.py |
 | KV budget when none is given | VLLM_OMNI_EDGE_KV_DEFAULT=need/vllm | need | kv_budget.py |
+| oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -19,6 +20,7 @@ import os
 
 ROPE_CAP_ENV = "VLLM_OMNI_EDGE_ROPE_CAP"
 KV_DEFAULT_ENV = "VLLM_OMNI_EDGE_KV_DEFAULT"
+EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 
 
 class LeverFlagError(ValueError):
@@ -38,3 +40,7 @@ def rope_cap_enabled() -> bool:
 
 def kv_default_mode() -> str:
     return _choice(KV_DEFAULT_ENV, ("need", "vllm"), "need")
+
+
+def embed_prepack_enabled() -> bool:
+    return _choice(EMBED_PREPACK_ENV, ("1", "0"), "0") == "1"

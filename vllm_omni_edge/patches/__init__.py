@@ -16,6 +16,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.kv_budget",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.rope_cap",
+    "vllm_omni_edge.patches.worker.embedding_prepack",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.worker.evidence_recorder",
 )

@@ -86,10 +86,10 @@ class BuildReport:
         return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
 
     def table(self) -> str:
-        rows = [r for r in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER) if self.tensors.get(r)]
-        lines = [
-            f"{'tensor class':<14} {'tensors':>7} {'source MiB':>11} {'written MiB':>12} {'rel. RMS err':>13}",
-        ]
+        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER)
+        rows = [r for r in order if self.tensors.get(r)]
+        header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
+        lines = ["{:<14} {:>7} {:>11} {:>12} {:>13}".format(*header)]
         for r in rows:
             err = self.relative_rms_error(r)
             lines.append(
@@ -157,7 +157,9 @@ def _read_source_config(src: Path) -> dict:
         )
     if config.get("quantization_config"):
         method = config["quantization_config"].get("quant_method", "?")
-        raise UnsupportedCheckpointError(f"{src} is already quantized ({method}); start from bf16/fp16/fp32 weights")
+        raise UnsupportedCheckpointError(
+            f"{src} is already quantized ({method}); start from bf16/fp16/fp32 weights"
+        )
     return config
 
 
@@ -175,7 +177,9 @@ def _open_source_tensors(src: Path) -> dict[str, object]:
         try:
             handle = safe_open(str(path), framework="pt")
         except Exception as exc:  # safetensors raises its own error types on bad headers
-            raise UnsupportedCheckpointError(f"cannot read {path} (truncated or not safetensors?): {exc}") from exc
+            raise UnsupportedCheckpointError(
+                f"cannot read {path} (truncated or not safetensors?): {exc}"
+            ) from exc
         for name in handle.keys():
             where[name] = handle
     return where
@@ -250,7 +254,9 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
     if head_source == EMBEDDING:
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
     if not report.tensors.get(LINEAR_4BIT):
-        raise UnsupportedCheckpointError(f"{src} has no tensors named like linear layers ({LINEAR_WEIGHT.pattern})")
+        raise UnsupportedCheckpointError(
+            f"{src} has no tensors named like linear layers ({LINEAR_WEIGHT.pattern})"
+        )
 
     out_config = dict(config)
     out_config["tie_word_embeddings"] = False
@@ -272,7 +278,7 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
         (tmp / OUTPUT_WEIGHTS).chmod(0o644)  # safetensors creates it 0600
         (tmp / "config.json").write_text(json.dumps(out_config, indent=2, sort_keys=True) + "\n")
         for path in sorted(src.iterdir()):
-            if path.is_file() and path.name not in _NOT_COPIED_NAMES and path.suffix not in _NOT_COPIED_SUFFIXES:
+            if _is_copied_metadata(path):
                 shutil.copy2(path, tmp / path.name)
         write_manifest(
             tmp,
@@ -282,6 +288,15 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
         _verify_written(tmp, quantized_prefixes)
     logger.info("wrote cpu_int4 checkpoint %s (group size %d)", out, group_size)
     return report
+
+
+def _is_copied_metadata(path: Path) -> bool:
+    """Tokenizer, chat template, generation config and the like."""
+    return (
+        path.is_file()
+        and path.name not in _NOT_COPIED_NAMES
+        and path.suffix not in _NOT_COPIED_SUFFIXES
+    )
 
 
 def _verify_written(directory: Path, quantized_prefixes: list[str]) -> None:

@@ -30,10 +30,13 @@ from vllm.model_executor.parameter import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.quantization import evidence
 from vllm_omni_edge.quantization.int4 import SCALE_DTYPE, group_size_for, quantize
 from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
 from vllm_omni_edge.quantization.kernels.base import set_weight
+
+logger = get_logger("cpu_int4")
 
 
 class CpuInt4LinearMethod(LinearMethodBase):
@@ -114,6 +117,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         kernel_cls, reason = choose_kernel(
             CpuFeatures.detect(), g, K, N, layer.int4_act_dtype, what=self.prefix
         )
+        logger.debug("cpu_int4: %s (K=%d N=%d g=%d) -> %s: %s",
+                     self.prefix, K, N, g, kernel_cls.name, reason)
         kernel = kernel_cls()
         kernel.process_weights(layer)
         layer.int4_kernel = kernel

@@ -58,9 +58,14 @@ def verify_manifest(directory: Path) -> dict | None:
             continue
         size = path.stat().st_size
         if size != expected["bytes"]:
-            problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']} (truncated or replaced)")
+            problems.append(
+                f"{name} has {size} bytes, the manifest says {expected['bytes']} "
+                "(truncated or replaced)"
+            )
         elif file_record(path)["sha256"] != expected["sha256"]:
-            problems.append(f"{name} does not match its SHA-256 in the manifest (modified after it was built)")
+            problems.append(
+                f"{name} does not match its SHA-256 in the manifest (modified after it was built)"
+            )
     if problems:
         raise CheckpointIntegrityError(
             f"cpu_int4 checkpoint {directory} failed its integrity check ({MANIFEST_NAME}): "

@@ -1,9 +1,10 @@
 """The cpu_int4 kernels and the one place that picks between them.
 
 Preference, when more than one can run a layer:
-1. ``amx_w4a8``: on AMX Xeons with bf16 activations. The project's one-off
-   microbenchmark (docs/edge/cpu-4bit.md) had it ahead of tinygemm at decode
-   shapes and near bf16 at prefill shapes, where tinygemm is far behind.
+1. ``amx_w4a8``: on AMX Xeons with bf16 activations. In the one-off kernel
+   microbenchmark in the project's field notes (AMX Xeon, group 128; not a
+   harness result) it beat tinygemm at decode shapes and stayed near bf16 at
+   prefill shapes, where tinygemm was ~11x slower than bf16.
 2. ``int4pack``: tinygemm W4A16, any x86 CPU PyTorch supports (AVX2 here).
 3. ``dequant``: pure PyTorch, any shape, slow.
 
