@@ -115,6 +115,7 @@ def collect_worker_evidence(worker) -> dict:
         "rope": rope,
         "weights_bytes_by_dtype": dict(weights),
         "quantization": worker.model_config.quantization,
+        "cpu_int4_kernels": _cpu_int4_kernel_counts(),
         "amx_tiles": "amx_tile" in cpu_flags(),
         "attention_isa": attention_isa,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -129,6 +130,14 @@ def collect_worker_evidence(worker) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
     }
+
+
+def _cpu_int4_kernel_counts() -> dict[str, int]:
+    """Layers per cpu_int4 kernel in this process (empty when cpu_int4 is not in use)."""
+    from vllm_omni_edge.quantization.evidence import kernel_counts
+
+    counts = kernel_counts()
+    return counts if len(counts) > 1 else {}
 
 
 def _unique_tensors(model):

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--startup-timeout", type=float, default=900)
     demo.set_defaults(func=_cmd_demo)
 
+    sub.add_parser(
+        "quantize", add_help=False,
+        help="write a cpu_int4 checkpoint from a bf16/fp16 HF directory or a GGUF "
+        "(vllm-omni-edge quantize --help)",
+    )
+
     sub.add_parser("doctor", help="check the environment").set_defaults(func=_cmd_doctor)
 
     patches = sub.add_parser("patches", help="list our patches to vLLM")
@@ -82,11 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else argv
-    # `serve` passes everything through to vLLM's own parser.
+    # `serve` passes everything through to vLLM's own parser; `quantize` has its
+    # own, imported only when used (it pulls in torch).
     if argv[:1] == ["serve"]:
         from vllm_omni_edge.cli.serve import serve
 
         return serve(argv[1:])
+    if argv[:1] == ["quantize"]:
+        from vllm_omni_edge.quantization.builder import main as quantize
+
+        return quantize(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -15,6 +15,7 @@ verifies, and is re-read and checked before it is published.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -163,8 +164,8 @@ def _read_source_config(src: Path) -> dict:
     return config
 
 
-def _open_source_tensors(src: Path) -> dict[str, object]:
-    """tensor name -> open safetensors handle holding it."""
+def _open_source_tensors(src: Path, stack: contextlib.ExitStack) -> dict[str, object]:
+    """tensor name -> open safetensors handle holding it (closed with ``stack``)."""
     from safetensors import safe_open
 
     files = sorted(src.glob("*.safetensors"))
@@ -175,7 +176,7 @@ def _open_source_tensors(src: Path) -> dict[str, object]:
     where: dict[str, object] = {}
     for path in files:
         try:
-            handle = safe_open(str(path), framework="pt")
+            handle = stack.enter_context(safe_open(str(path), framework="pt"))
         except Exception as exc:  # safetensors raises its own error types on bad headers
             raise UnsupportedCheckpointError(
                 f"cannot read {path} (truncated or not safetensors?): {exc}"
@@ -201,11 +202,22 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) -> BuildReport:
-    from safetensors.torch import save_file
+    config = _read_source_config(src)
+    with contextlib.ExitStack() as stack:
+        report, written, quantized_prefixes = _quantize_tensors(
+            src, out, _open_source_tensors(src, stack), config, group_size, progress
+        )
+    _write_checkpoint(src, out, config, group_size, written, quantized_prefixes)
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d)", out, group_size)
+    return report
+
+
+def _quantize_tensors(
+    src: Path, out: Path, where: dict, config: dict, group_size: int, progress: bool
+):
+    """All output tensors in memory, and the report of what was done to each class."""
     from tqdm import tqdm
 
-    config = _read_source_config(src)
-    where = _open_source_tensors(src)
     if HEAD in where:
         head_source = HEAD
     elif EMBEDDING in where and config.get("tie_word_embeddings", True):
@@ -220,8 +232,6 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
     quantized_prefixes: list[str] = []
 
     def store_4bit(prefix: str, weight: torch.Tensor, row: str) -> None:
-        if weight.dtype not in SUPPORTED_WEIGHT_DTYPES:
-            raise Int4FormatError(f"{prefix}: dtype {weight.dtype} is not supported (bf16, fp16, fp32)")
         g = group_size_for(weight.shape[1], group_size, what=prefix)
         if g != group_size:
             report.group_size_fallbacks[prefix] = g
@@ -257,6 +267,18 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
         raise UnsupportedCheckpointError(
             f"{src} has no tensors named like linear layers ({LINEAR_WEIGHT.pattern})"
         )
+    return report, written, quantized_prefixes
+
+
+def _write_checkpoint(
+    src: Path,
+    out: Path,
+    config: dict,
+    group_size: int,
+    written: dict[str, torch.Tensor],
+    quantized_prefixes: list[str],
+) -> None:
+    from safetensors.torch import save_file
 
     out_config = dict(config)
     out_config["tie_word_embeddings"] = False
@@ -272,9 +294,9 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
         save_file(
             written,
             str(tmp / OUTPUT_WEIGHTS),
-            metadata={"format": "pt", "quant_method": QUANT_METHOD, "format_version": str(FORMAT_VERSION)},
+            metadata={"format": "pt", "quant_method": QUANT_METHOD,
+                      "format_version": str(FORMAT_VERSION)},
         )
-        del written
         (tmp / OUTPUT_WEIGHTS).chmod(0o644)  # safetensors creates it 0600
         (tmp / "config.json").write_text(json.dumps(out_config, indent=2, sort_keys=True) + "\n")
         for path in sorted(src.iterdir()):
@@ -286,8 +308,6 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) ->
             {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "group_size": group_size},
         )
         _verify_written(tmp, quantized_prefixes)
-    logger.info("wrote cpu_int4 checkpoint %s (group size %d)", out, group_size)
-    return report
 
 
 def _is_copied_metadata(path: Path) -> bool:

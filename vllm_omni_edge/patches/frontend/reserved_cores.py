@@ -5,8 +5,13 @@ engine core and workers inherit it) when the user has not set it, from a table
 of measured defaults keyed on the number of usable cores.
 Why: vLLM reserves 1 core on x86 for the front end and engine core
 (``utils/ompmultiprocessing.py``). On a 2-core box that halves the cores the
-model runs on. The table below holds only core counts that were measured; for
-other counts vLLM's own default stands.
+model runs on, so we measured whether giving the worker both cores pays. It
+does not for decode: the engine core polls for the worker's output on a core of
+its own, and with no reservation it competes with the worker's OpenMP threads.
+Measured (``MEASUREMENT``): decode with 0 reserved was 0.51x (0.42-0.59) of 1
+reserved; prefill 1.17x (0.76-2.04). So 2 cores keep vLLM's 1 reserved core,
+now as a measured choice. The table holds only core counts that were measured;
+for other counts vLLM's own default stands.
 Verified by: the harness grid ``benchmarks/edge_harness/grids/reserved-cores.yaml``
 (measurement quoted in ``MEASUREMENT``), and tests/test_patches.py (the worker's
 OMP binding follows the chosen value; the user's setting always wins).
@@ -23,15 +28,19 @@ from vllm_omni_edge.patches.base import PatchRecord, Process
 ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 # usable cores -> reserved cores, only for counts we measured.
-MEASURED_DEFAULTS: dict[int, int] = {2: 0}
+MEASURED_DEFAULTS: dict[int, int] = {2: 1}
 
-MEASUREMENT = "pending: see docs/edge/reserved-cores.md"
+MEASUREMENT = (
+    "benchmarks/edge_harness/results/2026-11-30-reserved-cores: 2-core AVX2 EPYC, "
+    "eager, SmolLM2-135M bf16, 3 interleaved passes; see docs/edge/reserved-cores.md"
+)
 
 RECORD = PatchRecord(
     name="reserved_cores",
     target=f"env {ENV} (read by vllm/utils/ompmultiprocessing.py)",
     process=Process.FRONTEND,
-    why="vLLM keeps 1 of 2 cores away from the model on a 2-core box.",
+    why="The reservation decides how many cores the model runs on; on small boxes it is "
+    "set from measurement (2 cores: 1 reserved, measured 2x decode vs 0).",
     verified_by="harness grid reserved-cores.yaml; tests/test_patches.py checks the "
     "worker's binding and that a user setting wins.",
     remove_when="vLLM chooses its reservation from the core count itself.",

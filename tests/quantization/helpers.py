@@ -1,0 +1,25 @@
+"""Build a bare layer holding a stored cpu_int4 triple, as the linear method leaves it."""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_omni_edge.quantization import int4
+
+
+def int4_layer(N: int, K: int, group_size: int, act_dtype: torch.dtype, seed: int = 0):
+    """(layer, exact fp32 weights the layer stands for)."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(N, K, generator=gen) * 0.05
+    qweight, scales, zeros = int4.quantize(weight, group_size)
+    layer = torch.nn.Module()
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+        layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+    layer.int4_in_features = K
+    layer.int4_group_size = group_size
+    layer.int4_act_dtype = act_dtype
+    return layer, int4.dequantize(qweight, scales, zeros)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm())

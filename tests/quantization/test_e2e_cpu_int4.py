@@ -1,0 +1,35 @@
+"""The real default model, built as cpu_int4, answering through ``vllm.LLM`` in spawned workers.
+
+Needs the plugin's general entry point to register cpu_int4 in every process
+(``vllm_omni_edge.quantization.register_cpu_int4``); nothing in this test does it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.mark.e2e
+def test_default_model_as_cpu_int4_answers_paris(default_model, tmp_path):
+    from tests.e2e.probe import run_probe
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+
+    out = tmp_path / "smollm2-cpu-int4"
+    report = build_cpu_int4_checkpoint(default_model, out, group_size=128, progress=False)
+    assert report.tensors["head 4-bit"] == 1
+
+    run = run_probe(out, tmp_path / "evidence")
+    assert "Unknown quantization method: cpu_int4" not in run.log, (
+        "cpu_int4 is not registered in vLLM's front end: the plugin entry point must call "
+        "vllm_omni_edge.quantization.register_cpu_int4()"
+    )
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text, run.text
+
+    [worker] = run.workers
+    assert worker["quantization"] == "cpu_int4"
+    by_dtype = worker["weights_bytes_by_dtype"]
+    # 4-bit linears + head (~70 MiB of uint8); bf16 left is the 54 MiB embedding,
+    # norms and the RoPE table -- no bf16 copy of any linear layer or of the head.
+    assert by_dtype.get("uint8", 0) > 60 << 20, by_dtype
+    assert by_dtype.get("bfloat16", 0) < 70 << 20, by_dtype
