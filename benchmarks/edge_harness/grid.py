@@ -7,7 +7,7 @@ silently ignored and then "measured".
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -113,11 +113,42 @@ class ServerWorkload(_Strict):
         return self.prompt_tokens + self.gen_tokens
 
 
+class FidelityWorkload(_Strict):
+    """KL divergence, same top-1 and perplexity ratio vs a cached reference (fidelity.py); not a timing."""
+
+    kind: Literal["fidelity"] = "fidelity"
+    reference: str = Field("default", description="checkpoint run by transformers as the reference; 'default' = embedded model")
+    reference_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="dtype of the reference")
+    text: str = Field("alice", description="fixed text, benchmarks/edge_harness/texts/NAME.txt")
+    window: int = Field(512, ge=2, description="tokens per prompt")
+    stride: int = Field(256, ge=1, description="tokens between window starts; less than window")
+    max_tokens: Optional[int] = Field(None, ge=2, description="score only the first N tokens of the text")
+    reference_top_k: int = Field(64, ge=1, description="tokens per position kept in the cached reference")
+    top_k: int = Field(20, ge=1, description="prompt logprobs asked of the arm; above 20 the arm needs llm_kwargs.max_logprobs")
+    cache_dir: Optional[str] = Field(None, description="reference cache directory (default: user cache/fidelity)")
+
+    @model_validator(mode="after")
+    def _stride_below_window(self) -> "FidelityWorkload":
+        if self.stride >= self.window:
+            raise ValueError(f"stride ({self.stride}) must be less than window ({self.window})")
+        return self
+
+    @property
+    def label(self) -> str:
+        default_k = type(self).model_fields["top_k"].default
+        return "fidelity" if self.top_k == default_k else f"fidelity@k{self.top_k}"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.window + 1  # the window, and the one token vLLM must generate
+
+
 Workload = Annotated[
-    Union[DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload],
+    Union[DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
+          FidelityWorkload],
     Field(discriminator="kind"),
 ]
-WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server")
+WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server", "fidelity")
 
 
 class Arm(_Strict):
@@ -211,6 +242,13 @@ class Grid(_Strict):
         if repeated:
             raise ValueError(f"workloads repeat the same measurement: {', '.join(repeated)}")
         for arm in self.arms:
+            max_logprobs = arm.llm_kwargs.get("max_logprobs", 20)  # vLLM's default
+            for workload in self.workloads:
+                if workload.kind == "fidelity" and max_logprobs != -1 and workload.top_k > max_logprobs:
+                    raise ValueError(
+                        f"arm {arm.name}: workload {workload.label} asks for {workload.top_k} prompt logprobs "
+                        f"but max_logprobs is {max_logprobs}; set llm_kwargs.max_logprobs"
+                    )
             limit = arm.llm_kwargs.get("max_model_len")
             if not isinstance(limit, int):
                 continue
@@ -288,7 +326,8 @@ def describe_axes() -> str:
     lines.append("arms[]:")
     fields(Arm, "  ")
     lines.append("workloads[] are written `- decode: {gen_tokens: 128}` or just `- cold_start`:")
-    for model in (DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload):
+    for model in (DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
+                  FidelityWorkload):
         kind = model.model_fields["kind"].default
         lines.append(f"workloads[] - {kind}: {model.__doc__.strip()}")
         fields(model, "    ")

@@ -104,6 +104,15 @@ class Pass:
                 figures[label] = _figure(one["seconds"] * 1000, "ms", "lower", WALL_ONE_TOKEN)
         elif kind == "cold_start":
             pass  # figures come from the timings of the first request, see main()
+        elif kind == "fidelity":
+            from benchmarks.edge_harness import fidelity
+
+            outcome = fidelity.run_vllm_workload(self.llm, workload)
+            figures.update(outcome["figures"])
+            self.problems += outcome["problems"]
+            return {"kind": kind, "label": label, "params": workload, "figures": figures,
+                    "requests": requests,
+                    "fidelity": {"result": outcome["result"], "reference_key": outcome["reference_key"]}}
         else:
             raise NotImplementedError(f"workload {kind!r} is not implemented for vLLM passes yet")
         return {"kind": kind, "label": label, "params": workload, "figures": figures, "requests": requests}

@@ -31,7 +31,7 @@ from benchmarks.edge_harness.schedule import ScheduledPass, interleaved
 from benchmarks.edge_harness.stats import CRASHED, INVALID, NOT_RUN, OK, summarise
 
 PASS_MODULES = {"vllm": "benchmarks.edge_harness.pass_vllm"}
-IMPLEMENTED_WORKLOADS = {"vllm": {"decode", "prefill", "ttft", "cold_start"}}
+IMPLEMENTED_WORKLOADS = {"vllm": {"decode", "prefill", "ttft", "cold_start", "fidelity"}}
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a pass that overran
 EXIT_GRACE_S = 10.0  # for children still shutting down after the pass process exited
@@ -50,6 +50,22 @@ class RunOptions:
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
 
+def _fidelity_problems(grid: Grid) -> list[str]:
+    """A fidelity reference is computed once, before the grid, never inside a timed pass."""
+    problems = []
+    for workload in grid.workloads:
+        if workload.kind != "fidelity":
+            continue
+        from benchmarks.edge_harness import fidelity
+
+        settings = fidelity.FidelitySettings.from_mapping(workload.model_dump())
+        if not settings.reference_path().exists():
+            problems.append(f"workload {workload.label}: reference {settings.reference_path()} does not exist")
+        elif settings.reference_key() not in settings.cache():
+            problems.append(f"workload {workload.label}: no cached reference; run `{settings.command()}` first")
+    return problems
+
+
 def check_runnable(grid: Grid) -> None:
     """Refuse before the first pass anything that could only crash every pass."""
     problems = []
@@ -59,11 +75,13 @@ def check_runnable(grid: Grid) -> None:
             continue
         model = Path(resolve_model(arm.model))
         if not model.exists():
-            hint = " (run `vllm-omni-edge pull` to fetch the default model)" if arm.model == "default" else ""
+            hint = (" (run `vllm-omni-edge models pull-default` to build the default model)"
+                    if arm.model == "default" else "")
             problems.append(f"arm {arm.name}: model {model} does not exist{hint}")
         for workload in grid.workloads:
             if workload.kind not in IMPLEMENTED_WORKLOADS[arm.engine]:
                 problems.append(f"workload {workload.kind}: not implemented for {arm.engine} passes yet")
+    problems += _fidelity_problems(grid)
     if problems:
         raise GridError("\n".join(sorted(set(problems))))
 

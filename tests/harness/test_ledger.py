@@ -131,8 +131,10 @@ def test_real_tree_is_rewalked_and_vanishing_children_are_tolerated():
 
 
 def test_an_orphan_is_still_counted_after_its_parent_dies():
-    script = ("import subprocess, sys; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)'])")
+    # The parent lingers so a sampler on a loaded box sees the child before it is orphaned.
+    script = ("import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(4)']); "
+              "time.sleep(1)")
     proc = subprocess.Popen([sys.executable, "-c", script])
     ledger = MemoryLedger(proc.pid)
     deadline = time.time() + 5
