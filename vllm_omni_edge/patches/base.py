@@ -12,6 +12,7 @@ Each patch is a module under ``patches/<process>/`` that defines:
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 from vllm_omni_edge.log import get_logger
@@ -118,3 +119,17 @@ def apply_patch_module(module_name: str) -> PatchOutcome:
 
 def outcomes() -> dict[str, PatchOutcome]:
     return dict(_OUTCOMES)
+
+
+def wrap_method_once(owner, name: str, make_wrapper: Callable) -> bool:
+    """Replace ``owner.name`` with ``make_wrapper(original)`` unless already wrapped.
+
+    The wrapper is marked, so applying a patch twice (or in a forked child) is a no-op.
+    """
+    original = getattr(owner, name)
+    if getattr(original, "__edge_wrapped__", False):
+        return False
+    wrapper = functools.wraps(original)(make_wrapper(original))
+    wrapper.__edge_wrapped__ = True
+    setattr(owner, name, wrapper)
+    return True

@@ -18,9 +18,7 @@ Remove when: vLLM skips the prepack for lookup-only embeddings.
 
 from __future__ import annotations
 
-import functools
-
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.model_executor.layers.vocab_parallel_embedding"
@@ -45,17 +43,13 @@ def apply() -> str:
 
 
 def _wrap(module) -> None:
-    method_cls = module.UnquantizedEmbeddingMethod
-    original = method_cls.process_weights_after_loading
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def process_weights_after_loading(self, layer):
+            if isinstance(layer, module.ParallelLMHead):
+                return original(self, layer)
+            # Lookup only; apply() is never called on an input embedding.
+            return None
 
-    @functools.wraps(original)
-    def process_weights_after_loading(self, layer):
-        if isinstance(layer, module.ParallelLMHead):
-            return original(self, layer)
-        # Lookup only; apply() is never called on an input embedding.
-        return None
+        return process_weights_after_loading
 
-    process_weights_after_loading.__edge_wrapped__ = True
-    method_cls.process_weights_after_loading = process_weights_after_loading
+    wrap_method_once(module.UnquantizedEmbeddingMethod, "process_weights_after_loading", make)

@@ -14,9 +14,7 @@ when moving off vLLM 0.30.
 
 from __future__ import annotations
 
-import functools
-
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_worker"
@@ -42,18 +40,14 @@ def apply() -> str:
 
 
 def _wrap(module) -> None:
-    CPUWorker = module.CPUWorker
-    original = CPUWorker.compile_or_warm_up_model
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def compile_or_warm_up_model(self):
+            result = original(self)
+            from vllm_omni_edge.evidence import write_worker_evidence
 
-    @functools.wraps(original)
-    def compile_or_warm_up_model(self):
-        result = original(self)
-        from vllm_omni_edge.evidence import write_worker_evidence
+            write_worker_evidence(self)
+            return result
 
-        write_worker_evidence(self)
-        return result
+        return compile_or_warm_up_model
 
-    compile_or_warm_up_model.__edge_wrapped__ = True
-    CPUWorker.compile_or_warm_up_model = compile_or_warm_up_model
+    wrap_method_once(module.CPUWorker, "compile_or_warm_up_model", make)

@@ -14,9 +14,7 @@ Remove when: vLLM sizes rotary caches by max_model_len (not as of 0.30.0).
 
 from __future__ import annotations
 
-import functools
-
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_model_runner"
@@ -41,26 +39,22 @@ def apply() -> str:
 
 
 def _wrap_load_model(module) -> None:
-    CPUModelRunner = module.CPUModelRunner
-    original = CPUModelRunner.load_model
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def load_model(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            from vllm_omni_edge.levers.rope_cap import cap_rotary_tables
+            from vllm_omni_edge.log import get_logger
 
-    @functools.wraps(original)
-    def load_model(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        from vllm_omni_edge.levers.rope_cap import cap_rotary_tables
-        from vllm_omni_edge.log import get_logger
+            cut = cap_rotary_tables(self.model, self.model_config.max_model_len)
+            if cut:
+                get_logger("rope_cap").info(
+                    "RoPE tables cut to max_model_len=%d rows: %s (%.1f MiB freed)",
+                    self.model_config.max_model_len,
+                    ", ".join(f"{c['class']}.{c['buffer']} {c['rows_before']}" for c in cut),
+                    sum(c["bytes_freed"] for c in cut) / (1 << 20),
+                )
+            return result
 
-        cut = cap_rotary_tables(self.model, self.model_config.max_model_len)
-        if cut:
-            get_logger("rope_cap").info(
-                "RoPE tables cut to max_model_len=%d rows: %s (%.1f MiB freed)",
-                self.model_config.max_model_len,
-                ", ".join(f"{c['class']}.{c['buffer']} {c['rows_before']}" for c in cut),
-                sum(c["bytes_freed"] for c in cut) / (1 << 20),
-            )
-        return result
+        return load_model
 
-    load_model.__edge_wrapped__ = True
-    CPUModelRunner.load_model = load_model
+    wrap_method_once(module.CPUModelRunner, "load_model", make)
