@@ -8,7 +8,7 @@ python3 -m venv "$tmp/venv"
 {
   sed -n '1,5p' requirements/lock.txt
   "$tmp/venv/bin/pip" freeze --exclude-editable \
-    | grep -v -i -E '^(torchvision|torchaudio|torchcodec|vllm-omni-edge)[=@ ]'
+    | grep -v -i -E '^(torchaudio|torchcodec|vllm-omni-edge)[=@ ]'
 } > requirements/lock.txt.new
 mv requirements/lock.txt.new requirements/lock.txt
 rm -rf "$tmp"

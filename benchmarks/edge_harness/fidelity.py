@@ -753,6 +753,99 @@ def parse_prompt_logprobs(outputs: Sequence[Any], windows: Sequence[Window]) -> 
     return positions_from_dicts(windows, per_window, tops)
 
 
+def topk_rows_numpy(lp: np.ndarray, k: int, extra: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_topk_rows` without torch: top k of each row of (n, V) log-probabilities, plus ``extra``
+    ids (-1 padded; repeats and ids already in the top k dropped), and log of the rest's mass."""
+    n, vocab = lp.shape
+    k = min(k, vocab)
+    top = np.argpartition(-lp, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(lp, top, axis=1), axis=1, kind="stable")
+    top = np.take_along_axis(top, order, axis=1)
+    covered = np.zeros(lp.shape, dtype=bool)
+    np.put_along_axis(covered, top, True, axis=1)
+    ids = top
+    if extra is not None and extra.size:
+        extra = np.asarray(extra, dtype=np.int64)
+        if extra.shape[0] != n:
+            raise ValueError(f"extra ids have {extra.shape[0]} rows for {n} positions")
+        extra = np.where((extra >= 0) & (extra < vocab), extra, -1)
+        keep = np.full(extra.shape, -1, dtype=np.int64)
+        for r in range(n):  # at most K' ids per row; rows are few (one window)
+            row = [t for t in dict.fromkeys(extra[r].tolist()) if t >= 0 and not covered[r, t]]
+            keep[r, :len(row)] = row
+            covered[r, row] = True
+        ids = np.concatenate([top, keep], axis=1)
+    values = np.where(ids >= 0, np.take_along_axis(lp, np.maximum(ids, 0), axis=1), -np.inf)
+    rest = _logsumexp(np.where(covered, -np.inf, lp), axis=1)
+    return ids, values.astype(np.float32), rest
+
+
+def log_softmax_numpy(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, dtype=np.float64)
+    return logits - _logsumexp(logits, axis=1)[:, None]
+
+
+class LlamaCppLogitSource:
+    """llama.cpp (``baselines.llamacpp.LlamaCppEngine``): every position's logits of each window.
+
+    Each window is evaluated on an empty KV cache in chunks of the engine's
+    n_batch with logits for every token; log-softmax in float64 over the whole
+    vocabulary, a block of rows at a time, then the top k, the target and
+    ``include_ids`` (if given, e.g. the reference's top k) are kept per row. Fed
+    the windows' token ids: llama.cpp's own tokenizer takes no part.
+    """
+
+    ROWS_PER_BLOCK = 64  # rows log-softmaxed at once: bounds the float64 temporaries to 64 x vocab
+
+    def __init__(self, engine, *, identity: Mapping[str, Any] | None = None):
+        self.engine = engine
+        self._identity = dict(identity or {})
+
+    def identity(self) -> dict[str, Any]:
+        return {"engine": "llamacpp", "model": str(self.engine.path), **self._identity}
+
+    def window_rows(self, ids: Sequence[int], first: int, last: int):
+        """Logits (float32) of positions first..last-1 of ``ids`` on an empty cache, in blocks of rows."""
+        engine = self.engine
+        engine.reset()
+        for start in range(0, len(ids), engine.n_batch):
+            chunk = ids[start:start + engine.n_batch]
+            engine.eval(chunk, logits="all")
+            lo, hi = max(first, start), min(last, start + len(chunk))
+            for block in range(lo, hi, self.ROWS_PER_BLOCK):
+                stop = min(block + self.ROWS_PER_BLOCK, hi)
+                yield engine.all_logits(len(chunk), block - start, stop - start)
+
+    def logprobs(self, windows: Sequence[Window], *, top_k: int | None = CANDIDATE_TOP_K,
+                 include_ids: np.ndarray | None = None) -> PositionLogprobs:
+        parts, row = [], 0
+        for window in windows:
+            all_targets = np.asarray(window.targets, dtype=np.int64)
+            done = 0
+            # Position j - 1 predicts target ids[j]; targets start at score_from >= 1.
+            for logits in self.window_rows(window.ids, window.score_from - 1, len(window.ids) - 1):
+                n = logits.shape[0]
+                lp = log_softmax_numpy(logits)
+                targets = all_targets[done:done + n]
+                common = dict(target_ids=targets, target=lp[np.arange(n), targets], top1=lp.argmax(axis=1))
+                if top_k is None:
+                    parts.append(PositionLogprobs(logprobs=lp.astype(np.float32), **common))
+                else:
+                    # The target is always reported, as vLLM's prompt logprobs do.
+                    extra = targets[:, None] if include_ids is None else np.concatenate(
+                        [targets[:, None], include_ids[row:row + n]], axis=1)
+                    ids, vals, rest = topk_rows_numpy(lp, top_k, extra)
+                    parts.append(PositionLogprobs(logprobs=vals, ids=ids, rest=rest, **common))
+                done += n
+                row += n
+            if done != window.n_scored:
+                raise ValueError(f"window at {window.start}: {done} positions scored of {window.n_scored}")
+        if include_ids is not None and row != include_ids.shape[0]:
+            raise ValueError(f"include_ids has {include_ids.shape[0]} rows for {row} scored positions")
+        return PositionLogprobs.concat(parts)
+
+
 # ---------------------------------------------------------------------------
 # Cache of references
 
@@ -947,6 +1040,50 @@ def run_vllm_workload(llm, workload: Mapping[str, Any], *, params_factory: Calla
     label = workload.get("label", "fidelity")
     return {"figures": fidelity_figures(result, label), "result": result, "reference_key": key,
             "problems": problems}
+
+
+def prepared_inputs(workload: Mapping[str, Any]) -> dict[str, Any]:
+    """What a pass without transformers needs to score ``workload``: windows, reference key and file.
+
+    Computed in the harness process (which has the reference tokenizer loaded
+    already), so an engine pass (llama.cpp) never imports torch or transformers,
+    whose memory would otherwise count against that engine.
+    """
+    settings = FidelitySettings.from_mapping(workload)
+    plan = settings.plan()
+    key = settings.reference_key(plan)
+    return {"reference_key": key, "cache_file": str(settings.cache().path(key)), "tokenizer_id": plan.tokenizer_id,
+            "windows": [[w.start, w.score_from, list(w.ids)] for w in plan.windows],
+            "command": settings.command()}
+
+
+def windows_from_prepared(prepared: Mapping[str, Any]) -> list[Window]:
+    return [Window(ids=tuple(int(i) for i in ids), score_from=int(score_from), start=int(start))
+            for start, score_from, ids in prepared["windows"]]
+
+
+def run_prepared_workload(source: LogitSource, workload: Mapping[str, Any], prepared: Mapping[str, Any],
+                          *, include_reference_ids: bool = False) -> dict[str, Any]:
+    """The ``fidelity`` workload for any engine's :class:`LogitSource`, from :func:`prepared_inputs`.
+
+    Same return as :func:`run_vllm_workload`. The reference must be cached already.
+    By default the candidate reports what a vLLM arm reports (its own top k and
+    the target), so two engines' KL lower bounds are equally tight and comparable;
+    ``include_reference_ids`` resolves the KL on the reference's top k as well.
+    """
+    key = prepared["reference_key"]
+    path = Path(prepared["cache_file"])
+    reference = ReferenceCache(path.parent).get(key)
+    if reference is None:
+        return {"figures": {}, "result": None, "reference_key": key,
+                "problems": [f"fidelity: no cached reference {key} in {path.parent}; run `{prepared['command']}`"]}
+    windows = windows_from_prepared(prepared)
+    settings = FidelitySettings.from_mapping(workload)
+    candidate = source.logprobs(windows, top_k=settings.top_k,
+                                include_ids=reference.ids if include_reference_ids else None)
+    result = compare(reference, candidate)
+    label = workload.get("label", "fidelity")
+    return {"figures": fidelity_figures(result, label), "result": result, "reference_key": key, "problems": []}
 
 
 # ---------------------------------------------------------------------------

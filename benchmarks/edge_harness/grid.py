@@ -96,21 +96,57 @@ class ColdStartWorkload(_Strict):
 
 
 class ServerWorkload(_Strict):
-    """Concurrent clients against the OpenAI server. Declared, not implemented yet."""
+    """Concurrent streaming clients against the OpenAI server (vllm-server arms); errors counted, not fatal."""
 
     kind: Literal["server"] = "server"
     clients: int = Field(4, ge=1, description="concurrent clients")
     requests: int = Field(32, ge=1, description="requests in total")
-    prompt_tokens: int = Field(128, ge=1, description="tokens per prompt")
-    gen_tokens: int = Field(128, ge=1, description="tokens generated per request")
+    prompt_tokens: int = Field(128, ge=1, description="tokens per prompt (unless prompt_tokens_mix is given)")
+    prompt_tokens_mix: Optional[list[Annotated[int, Field(ge=1)]]] = Field(
+        None, min_length=1, description="prompt lengths cycled over the requests in order, e.g. [32, 128, 384]")
+    gen_tokens: int = Field(128, ge=2, description="tokens generated per request (greedy, ignore_eos)")
+    duration_s: Optional[float] = Field(None, gt=0, description="send no new request after this many seconds")
+    request_timeout_s: float = Field(300.0, gt=0, description="a request not finished by then invalidates the pass")
+    warmup: bool = Field(True, description="run one unmeasured request per prompt length first")
+
+    @model_validator(mode="after")
+    def _one_way_to_give_lengths(self) -> "ServerWorkload":
+        if self.prompt_tokens_mix is not None and "prompt_tokens" in self.model_fields_set:
+            raise ValueError("give prompt_tokens or prompt_tokens_mix, not both")
+        return self
 
     @property
     def label(self) -> str:
-        return f"server{self.clients}x{self.requests}"
+        mix = "" if self.prompt_tokens_mix is None else "@mix" + "-".join(map(str, self.prompt_tokens_mix))
+        return f"server{self.clients}x{self.requests}{mix}"
 
     @property
     def context_tokens(self) -> int:
-        return self.prompt_tokens + self.gen_tokens
+        return max(self.prompt_tokens_mix or [self.prompt_tokens]) + self.gen_tokens
+
+
+class AgentWorkload(_Strict):
+    """Tool-calling and JSON-schema tasks through the chat API (vllm-server arms), scored by exact checks."""
+
+    kind: Literal["agent"] = "agent"
+    tasks_file: str = Field("agent_tasks.yaml", description="task file; a bare name is looked up in benchmarks/edge_harness/")
+    tasks: Optional[list[str]] = Field(None, min_length=1, description="task ids to run (default: all, in file order)")
+    max_tokens: int = Field(96, ge=1, description="generation limit per task")
+
+    @model_validator(mode="after")
+    def _tasks_exist(self) -> "AgentWorkload":
+        from benchmarks.edge_harness.agent import load_suite, resolve_tasks_file
+
+        load_suite(resolve_tasks_file(self.tasks_file)).select(self.tasks)  # raises naming the problem
+        return self
+
+    @property
+    def label(self) -> str:
+        return "agent" if self.tasks is None else f"agent[{len(self.tasks)}]"
+
+    @property
+    def context_tokens(self) -> int:
+        return self.max_tokens  # plus a chat prompt whose length the template decides
 
 
 class FidelityWorkload(_Strict):
@@ -145,22 +181,44 @@ class FidelityWorkload(_Strict):
 
 Workload = Annotated[
     Union[DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
-          FidelityWorkload],
+          FidelityWorkload, AgentWorkload],
     Field(discriminator="kind"),
 ]
-WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server", "fidelity")
+WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server", "fidelity", "agent")
+
+
+class LlamaCppSettings(_Strict):
+    """A llamacpp arm's settings (baselines/llamacpp.py::LlamaCppOptions); unknown keys are errors."""
+
+    n_threads: Optional[int] = Field(None, ge=1, description="decode threads; default every logical CPU")
+    n_threads_batch: Optional[int] = Field(None, ge=1, description="prompt threads; default n_threads")
+    n_ctx: int = Field(2048, ge=16, description="context (KV cache) length in tokens")
+    n_batch: int = Field(512, ge=1, description="tokens per llama_decode call")
+    n_ubatch: int = Field(512, ge=1, description="physical batch")
+    use_mmap: bool = Field(True, description="map the GGUF (weights show as file-backed PSS) or copy it to RAM")
+    use_extra_bufts: Optional[bool] = Field(
+        None, description="repacked/AMX weight buffers; default on, off on AMX CPUs (docs/engines/llama-cpp.md)")
+    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp flash attention")
+    type_k: Optional[str] = Field(None, description="KV cache K type (default f16), e.g. q8_0")
+    type_v: Optional[str] = Field(None, description="KV cache V type (default f16)")
+    tokenizer: Optional[str] = Field(
+        None, description="HF checkpoint (or embedded name) whose tokenizer makes the prompt ids; it must share "
+        "the GGUF's vocabulary; default: the arm's model when that is an embedded name, else required")
 
 
 class Arm(_Strict):
     """One configuration to measure. Arms should differ in one thing only."""
 
     name: str = Field(pattern=_SAFE_NAME, description="short name; used in file names")
-    engine: Literal["vllm", "llamacpp"] = Field("vllm", description="vllm; llamacpp is declared, not runnable yet")
-    model: str = Field(DEFAULT_MODEL, description="checkpoint path, or 'default' for the embedded model")
+    engine: Literal["vllm", "llamacpp", "vllm-server"] = Field("vllm", description="vllm (LLM() in the pass process); vllm-server (the OpenAI server as a child of the pass); llamacpp (llama.cpp on a GGUF, settings in `llamacpp`)")
+    model: str = Field(DEFAULT_MODEL, description="checkpoint path, or an embedded model name ('default', 'qwen2.5-coder-1.5b'; "
+                       "NAME:cpu_int4 for its cpu_int4 build, made by `vllm-omni-edge models pull NAME --cpu-int4`)")
     llm_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="passed to vllm.LLM(...); kv_cache_memory_bytes accepts '192MiB'",
     )
+    llamacpp: Optional[LlamaCppSettings] = Field(
+        None, description="llama.cpp settings of a llamacpp arm (its model is a .gguf or an embedded model name)")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the pass process")
     expect: dict[str, Any] = Field(
         default_factory=dict,
@@ -199,6 +257,32 @@ class Arm(_Strict):
         for key, value in expect.items():
             parse_expectation(key, value)  # raises ValueError naming the key
         return expect
+
+    @model_validator(mode="after")
+    def _llamacpp_settings_where_they_belong(self) -> "Arm":
+        if self.engine == "llamacpp":
+            if self.llm_kwargs:
+                raise ValueError("llm_kwargs are vllm.LLM arguments; a llamacpp arm sets `llamacpp: {...}`")
+            if self.model not in _embedded_names() and not self.model.endswith(".gguf"):
+                raise ValueError(f"a llamacpp arm's model is a .gguf file or an embedded model name, not {self.model!r}")
+            settings = self.llamacpp or LlamaCppSettings()
+            if settings.tokenizer is None:
+                if self.model not in _embedded_names():
+                    raise ValueError(f"set llamacpp.tokenizer: the HF checkpoint (or embedded name) whose tokenizer "
+                                     f"matches {self.model}")
+                settings = settings.model_copy(update={"tokenizer": self.model})
+            object.__setattr__(self, "llamacpp", settings)  # frozen: completed once, here
+        elif self.llamacpp is not None:
+            raise ValueError(f"`llamacpp` settings on a {self.engine} arm; set engine: llamacpp")
+        return self
+
+    @model_validator(mode="after")
+    def _server_flags_exist(self) -> "Arm":
+        if self.engine == "vllm-server":
+            from benchmarks.edge_harness.server_args import server_flags
+
+            server_flags(self.llm_kwargs)  # raises naming each kwarg it cannot map
+        return self
 
 
 class Grid(_Strict):
@@ -242,6 +326,12 @@ class Grid(_Strict):
         if repeated:
             raise ValueError(f"workloads repeat the same measurement: {', '.join(repeated)}")
         for arm in self.arms:
+            if arm.llamacpp is not None:
+                for workload in self.workloads:
+                    if workload.context_tokens > arm.llamacpp.n_ctx:
+                        raise ValueError(f"arm {arm.name}: workload {workload.label} needs {workload.context_tokens} "
+                                         f"tokens of context but llamacpp.n_ctx is {arm.llamacpp.n_ctx}")
+                continue  # llama.cpp gives every logit: no max_logprobs
             max_logprobs = arm.llm_kwargs.get("max_logprobs", 20)  # vLLM's default
             for workload in self.workloads:
                 if workload.kind == "fidelity" and max_logprobs != -1 and workload.top_k > max_logprobs:
@@ -270,12 +360,27 @@ class Grid(_Strict):
         return [arm.name for arm in self.arms]
 
 
-def resolve_model(model: str) -> str:
-    if model == DEFAULT_MODEL:
-        from vllm_omni_edge.models.default_model import default_model_dir
+def _embedded_names() -> tuple[str, ...]:
+    from vllm_omni_edge.models.default_model import EMBEDDED_MODELS
 
-        return str(default_model_dir())
-    return str(Path(model).expanduser())
+    return tuple(EMBEDDED_MODELS)
+
+
+def resolve_arm_model(arm: Arm) -> str:
+    """What the arm's pass loads: for llamacpp an embedded name means the GGUF shipped in its wheel."""
+    if arm.engine == "llamacpp" and arm.model in _embedded_names():
+        from vllm_omni_edge.models.default_model import EMBEDDED_MODELS, gguf_path
+
+        return str(gguf_path(EMBEDDED_MODELS[arm.model]))
+    return resolve_model(arm.model)
+
+
+def resolve_model(model: str) -> str:
+    """A checkpoint path, or the cached directory of an embedded model name (NAME[:cpu_int4])."""
+    from vllm_omni_edge.models.default_model import resolve_model_name
+
+    cached = resolve_model_name(model)
+    return str(cached if cached is not None else Path(model).expanduser())
 
 
 def _format_errors(error: ValidationError) -> str:
@@ -325,9 +430,11 @@ def describe_axes() -> str:
     fields(Grid, "  ")
     lines.append("arms[]:")
     fields(Arm, "  ")
+    lines.append("arms[].llamacpp (engine: llamacpp):")
+    fields(LlamaCppSettings, "    ")
     lines.append("workloads[] are written `- decode: {gen_tokens: 128}` or just `- cold_start`:")
     for model in (DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
-                  FidelityWorkload):
+                  FidelityWorkload, AgentWorkload):
         kind = model.model_fields["kind"].default
         lines.append(f"workloads[] - {kind}: {model.__doc__.strip()}")
         fields(model, "    ")

@@ -26,6 +26,9 @@ from typing import Any
 import psutil
 
 FIELDS = ("pss", "pss_anon", "pss_file", "pss_shmem", "uss", "rss", "swap_pss")
+# A pass process that only drives a server (pass_vllm_server) says so in its
+# evidence; it is listed per process but is not part of the engine's tree totals.
+HARNESS_CLIENT = "harness_client"
 STEADY_SAMPLES = 5  # ~1 s at the default interval: the last samples before the workloads end
 _KB_LINE = re.compile(r"^(\w+):\s+(\d+)\s+kB\s*$")
 
@@ -63,6 +66,8 @@ def parse_smaps_rollup(text: str) -> dict[str, int | None] | None:
 
 def canonical_role(text: str, is_root: bool = False) -> str:
     """One vocabulary for a process title ("VLLM::Worker") or an evidence role ("VllmWorker-0")."""
+    if text == HARNESS_CLIENT:
+        return HARNESS_CLIENT
     if is_root or text == "frontend":
         return "frontend"
     if "EngineCore" in text:
@@ -235,7 +240,10 @@ def summarise_ledger(ledger: MemoryLedger, roles: dict[int, str] | None = None,
             "errors": info.errors,
             **_window_stats(series, first_token_t, steady_times),
         }
-    tree_series = [(s["t"], tree_total(s["procs"])) for s in ledger.samples if s["procs"]]
+    clients = {pid for pid, p in processes.items() if p["role"] == HARNESS_CLIENT}
+    engine_samples = [{"t": s["t"], "procs": {pid: rec for pid, rec in s["procs"].items() if str(pid) not in clients}}
+                      for s in ledger.samples]
+    tree_series = [(s["t"], tree_total(s["procs"])) for s in engine_samples if s["procs"]]
     return {
         "root_pid": ledger.root_pid,
         "interval_s": interval_s,
@@ -244,9 +252,10 @@ def summarise_ledger(ledger: MemoryLedger, roles: dict[int, str] | None = None,
         "first_token_s": None if first_token_t is None else round(first_token_t - t0, 3),
         "workloads_done_s": None if workloads_done_t is None else round(workloads_done_t - t0, 3),
         "tree": _window_stats(tree_series, first_token_t, steady_times),
+        "excluded_from_tree": sorted(int(pid) for pid in clients),
         "processes": processes,
         "timeline": [
             {"t": round(s["t"] - t0, 3), "pss": {str(pid): rec["pss"] for pid, rec in s["procs"].items()}}
-            for s in ledger.samples
+            for s in engine_samples
         ],
     }

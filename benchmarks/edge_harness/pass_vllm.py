@@ -14,25 +14,17 @@ recorded as well, each figure saying which source it came from.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks.edge_harness import pass_events
+from benchmarks.edge_harness.pass_common import figure as _figure
+from benchmarks.edge_harness.pass_common import pass_main, timed_workload
 from benchmarks.edge_harness.prompts import PromptBank
 
-WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
-WALL_ONE_TOKEN = "wall clock: one request with max_tokens=1"
-WARMUP_GEN_TOKENS = 8
 ENGINE_DECODE = "engine timestamps: (n-1) / (last_token_ts - first_token_ts)"
-
-
-def _figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
-    return {"value": value, "unit": unit, "better": better, "source": source}
 
 
 class Pass:
@@ -76,34 +68,15 @@ class Pass:
     def run(self, workload: dict[str, Any]) -> dict[str, Any]:
         kind, label = workload["kind"], workload["label"]
         requests, figures = [], {}
-        if workload.get("warmup"):
-            # Same prompt length; a few generated tokens exercise the decode shapes already.
-            gen = min(workload.get("gen_tokens", 1), WARMUP_GEN_TOKENS)
-            requests.append(self.generate(workload["prompt_tokens"], gen, f"{label} warm-up"))
-        if kind == "decode":
-            n_prompt, n_gen = workload["prompt_tokens"], workload["gen_tokens"]
-            full = self.generate(n_prompt, n_gen, f"{label} decode")
-            one = self.generate(n_prompt, 1, f"{label} prompt only")
-            requests += [full, one]
-            decode_seconds = full["seconds"] - one["seconds"]
-            if decode_seconds <= 0:
-                self.problems.append(f"{label}: {n_gen} tokens took no longer than 1 ({decode_seconds:.4f} s)")
-            else:
-                figures[label] = _figure((full["gen_tokens"] - 1) / decode_seconds, "tok/s", "higher", WALL_DECODE)
-            engine = full["engine"]
+        if kind in ("decode", "prefill", "ttft"):
+            requests, figures, full = timed_workload(workload, self.generate, self.problems)
+            engine = full["engine"] if full else None
             if engine and engine["decode_s"] > 0:
                 figures[f"{label} (engine)"] = _figure(
                     (full["gen_tokens"] - 1) / engine["decode_s"], "tok/s", "higher", ENGINE_DECODE
                 )
-        elif kind in ("prefill", "ttft"):
-            one = self.generate(workload["prompt_tokens"], 1, label)
-            requests.append(one)
-            if kind == "prefill":
-                figures[label] = _figure(one["prompt_tokens"] / one["seconds"], "tok/s", "higher", WALL_ONE_TOKEN)
-            else:
-                figures[label] = _figure(one["seconds"] * 1000, "ms", "lower", WALL_ONE_TOKEN)
         elif kind == "cold_start":
-            pass  # figures come from the timings of the first request, see main()
+            pass  # figures come from the timings of the first request, see run_pass()
         elif kind == "fidelity":
             from benchmarks.edge_harness import fidelity
 
@@ -232,16 +205,7 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, type=Path, help="pass spec written by the runner")
-    parser.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
-    args = parser.parse_args(argv)
-    spec = json.loads(args.spec.read_text())
-    result = run_pass(spec)
-    tmp = args.out.with_suffix(".partial")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)  # a result file exists only if it is complete
-    return 0
+    return pass_main(run_pass, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks.edge_harness.stats import OK, summarise
 from benchmarks.edge_harness.sizes import format_mib
 
-ROLES_ORDER = ("frontend", "engine_core", "worker", "resource_tracker", "other")
+ROLES_ORDER = ("frontend", "engine_core", "worker", "resource_tracker", "other", "harness_client")
 
 
 def load_artifacts(results_dir: Path) -> dict[str, Any]:
@@ -42,12 +42,31 @@ def format_value(value: float, unit: str) -> str:
         return f"{value:,.1f} ms"
     if unit == "s":
         return f"{value:,.2f} s"
+    if unit == "fraction":
+        return f"{value:.3f}"
     return f"{value:,.4g} {unit}"
+
+
+def _llamacpp_backend(result: dict[str, Any], workers: list[dict[str, Any]]) -> str:
+    """llama.cpp: compiled SIMD, weight buffer types (CPU_Mapped = mmap'd file, CPU_REPACK, AMX), file type, threads."""
+    capability = (result.get("versions") or {}).get("cpu_capability", "?")
+    if not workers:
+        return f"llama.cpp {capability} (no evidence)"
+    worker = workers[0]
+    parts = [f"llama.cpp {worker.get('llama_cpp_python', '?')} {capability}",
+             "weights " + "+".join(worker.get("weight_buffer_types") or ["?"]),
+             (worker.get("settings") or {}).get("print_info.file type", "?"),
+             f"{worker.get('n_threads')} threads", f"flash_attn {worker.get('flash_attn')}"]
+    if worker.get("repacked_tensors"):
+        parts.append(f"{worker['repacked_tensors']} tensors repacked ({'/'.join(worker.get('repack_layouts') or [])})")
+    return ", ".join(str(p) for p in parts)
 
 
 def backend_of_pass(record: dict[str, Any]) -> str:
     """What ran, from the worker's evidence; what was configured only if there is none."""
     result = record.get("result") or {}
+    if result.get("engine") == "llamacpp":
+        return _llamacpp_backend(result, (record.get("evidence") or {}).get("workers") or [])
     capability = (result.get("versions") or {}).get("cpu_capability", "?")
     workers = (record.get("evidence") or {}).get("workers") or []
     if not workers:
@@ -109,7 +128,7 @@ def _arms_table(art: dict[str, Any]) -> list[str]:
             return ", ".join(f"{k}={v}" for k, v in mapping.items()) or "—"
 
         lines.append(f"| {arm['name']}{' (control)' if arm['name'] == art['grid']['control'] else ''} | "
-                     f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'])} | {inline(arm['env'])} | "
+                     f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'] or arm.get('llamacpp') or {})} | {inline(arm['env'])} | "
                      f"{inline(arm['expect'])} |")
     return lines + [""]
 
@@ -175,6 +194,73 @@ def _memory_table(art: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+BANDWIDTH_FILE = "bandwidth.json"  # benchmarks/edge_harness/bandwidth.py's artifact, put next to the grid's
+
+
+def weight_bytes_per_token(record: dict[str, Any]) -> int | None:
+    """Bytes of weights one decode step reads, from the pass's evidence (all weights; KV reads not counted)."""
+    workers = (record.get("evidence") or {}).get("workers") or []
+    if not workers:
+        return None
+    worker = workers[0]
+    if (record.get("result") or {}).get("engine") == "llamacpp":
+        return worker.get("model_size_bytes")
+    by_dtype = worker.get("weights_bytes_by_dtype") or {}
+    return sum(by_dtype.values()) or None
+
+
+def _ceiling_table(art: dict[str, Any]) -> list[str]:
+    """Decode as a fraction of the box's bandwidth ceiling, if bandwidth.json sits with the artifacts."""
+    path = Path(art["dir"]) / BANDWIDTH_FILE
+    if not path.is_file():
+        return []
+    from benchmarks.edge_harness.bandwidth import best_bandwidth_gbps, decode_ceiling
+
+    bandwidth = json.loads(path.read_text())
+    gbps = best_bandwidth_gbps(bandwidth)
+    lines = [f"## Decode against the bandwidth ceiling ({gbps:.1f} GB/s, best median copy of {BANDWIDTH_FILE})", "",
+             "| arm | figure | decode (median) | weights read per token | ceiling | fraction of ceiling |",
+             "|---|---|---|---|---|---|"]
+    for arm, table in art["summary"]["arms"].items():
+        sizes = [weight_bytes_per_token(r) for r in art["passes"] if r["arm"] == arm and r.get("status") == OK]
+        sizes = [s for s in sizes if s]
+        for name, fig in table.items():
+            if fig["unit"] != "tok/s" or not name.startswith("tg") or "(engine)" in name:
+                continue
+            if not sizes:
+                lines.append(f"| {arm} | {name} | {format_value(fig['median'], 'tok/s')} | no evidence | — | — |")
+                continue
+            size = statistics.median(sizes)
+            ceiling = decode_ceiling(size, gbps)
+            lines.append(f"| {arm} | {name} | {format_value(fig['median'], 'tok/s')} | {format_mib(size)} | "
+                         f"{ceiling:,.1f} tok/s | {fig['median'] / ceiling:.0%} |")
+    lines += ["", "Ceiling = bandwidth / bytes of weights (each read once per token); KV-cache reads and "
+              "activations are left out, so the true ceiling is a little lower.", ""]
+    return lines
+
+
+def _agent_table(art: dict[str, Any]) -> list[str]:
+    """Per agent task and arm: in how many passes it passed every check (detail is in the pass files)."""
+    arms = [a["name"] for a in art["grid"]["arms"]]
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in art["passes"]:
+        for workload in (record.get("result") or {}).get("workloads", []):
+            for task in (workload.get("agent") or {}).get("tasks", []):
+                row = rows.setdefault((workload["label"], task["id"]),
+                                      {"category": task["category"], "mode": task["mode"], "arms": {}})
+                passed, seen = row["arms"].get(record["arm"], (0, 0))
+                row["arms"][record["arm"]] = (passed + bool(task["passed"]), seen + 1)
+    if not rows:
+        return []
+    lines = ["## Agent tasks (passes in which the task passed every exact check)", "",
+             "| workload | task | category | mode | " + " | ".join(arms) + " |",
+             "|---|---|---|---|" + "---|" * len(arms)]
+    for (label, task_id), row in rows.items():
+        cells = [f"{row['arms'][a][0]}/{row['arms'][a][1]}" if a in row["arms"] else "—" for a in arms]
+        lines.append(f"| {label} | {task_id} | {row['category']} | {row['mode']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _passes_table(art: dict[str, Any]) -> list[str]:
     lines = ["## Passes (in the order they ran)", "", "| # | pass | arm | status | wall | load avg (1 min) | notes |",
              "|---|---|---|---|---|---|---|"]
@@ -190,7 +276,9 @@ def render_markdown(art: dict[str, Any]) -> str:
     lines = _header(art) + _arms_table(art)
     if art["summary"]["status"] == OK:
         lines += _figures_table(art)
+        lines += _agent_table(art)
         lines += _memory_table(art)
+        lines += _ceiling_table(art)
     else:
         lines += _refusal(art["summary"])
     lines += _passes_table(art)

@@ -25,13 +25,17 @@ from typing import Any, Callable
 
 from benchmarks.edge_harness import pass_events, provenance
 from benchmarks.edge_harness.evidence import collect_evidence, evidence_problems, roles_by_pid
-from benchmarks.edge_harness.grid import EVIDENCE_ENV, Arm, Grid, GridError, resolve_model
+from benchmarks.edge_harness.grid import EVIDENCE_ENV, Arm, Grid, GridError, resolve_arm_model
 from benchmarks.edge_harness.ledger import MemoryLedger, summarise_ledger
 from benchmarks.edge_harness.schedule import ScheduledPass, interleaved
 from benchmarks.edge_harness.stats import CRASHED, INVALID, NOT_RUN, OK, summarise
 
 PASS_MODULES = {"vllm": "benchmarks.edge_harness.pass_vllm"}
 IMPLEMENTED_WORKLOADS = {"vllm": {"decode", "prefill", "ttft", "cold_start", "fidelity"}}
+PASS_MODULES["vllm-server"] = "benchmarks.edge_harness.pass_vllm_server"
+IMPLEMENTED_WORKLOADS["vllm-server"] = {"decode", "prefill", "ttft", "cold_start", "server", "agent"}
+PASS_MODULES["llamacpp"] = "benchmarks.edge_harness.pass_llamacpp"
+IMPLEMENTED_WORKLOADS["llamacpp"] = {"decode", "prefill", "ttft", "cold_start", "fidelity"}
 RESULTS_ROOT = Path(__file__).resolve().parent / "results"
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a pass that overran
 EXIT_GRACE_S = 10.0  # for children still shutting down after the pass process exited
@@ -73,7 +77,7 @@ def check_runnable(grid: Grid) -> None:
         if arm.engine not in PASS_MODULES:
             problems.append(f"arm {arm.name}: engine {arm.engine!r} has no pass runner yet")
             continue
-        model = Path(resolve_model(arm.model))
+        model = Path(resolve_arm_model(arm))
         if not model.exists():
             hint = (" (run `vllm-omni-edge models pull-default` to build the default model)"
                     if arm.model == "default" else "")
@@ -187,11 +191,15 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         "engine": arm.engine,
         "pass_index": scheduled.pass_index,
         "seq": scheduled.seq,
-        "model": resolve_model(arm.model),
+        "model": resolve_arm_model(arm),
         "llm_kwargs": arm.llm_kwargs,
         "workloads": [{**w.model_dump(), "label": w.label} for w in grid.workloads],
         "events_path": str(pass_dir / "events.jsonl"),
     }
+    if arm.engine == "llamacpp":
+        from benchmarks.edge_harness.pass_llamacpp import prepare_spec
+
+        spec = prepare_spec(spec, arm)  # token ids made here, so the pass never imports transformers
     spec_path, result_path, log_path = pass_dir / "spec.json", pass_dir / "result.json", pass_dir / "log.txt"
     _write_json(spec_path, spec)
     env, overlay = _pass_env(arm, evidence_dir)

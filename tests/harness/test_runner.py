@@ -149,7 +149,9 @@ def test_results_are_never_overwritten(tmp_path, fake_engine):
     "change, message",
     [
         (lambda d: d["arms"][0].update(model="/nonexistent/model"), "does not exist"),
-        (lambda d: d["arms"][1].update(engine="llamacpp"), "engine 'llamacpp' has no pass runner"),
+        (lambda d: d["arms"][1].update(engine="llamacpp", model="/nonexistent/m.gguf", llm_kwargs={},
+                                       llamacpp={"tokenizer": "default"}),
+         "model /nonexistent/m.gguf does not exist"),
         (lambda d: d.update(workloads=[{"server": {"clients": 2}}]), "server: not implemented"),
     ],
 )

@@ -48,7 +48,7 @@ def test_every_linear_and_the_tied_head_are_4bit(tiny_llama, tiny_llama_int4):
     assert config["tie_word_embeddings"] is False
     assert config["quantization_config"] == {
         "quant_method": "cpu_int4", "bits": 4, "group_size": 128,
-        "format_version": 1, "lm_head": True, "zero_point": True,
+        "format_version": 2, "lm_head": True, "zero_point": "float",
     }
     assert (tiny_llama_int4 / "generation_config.json").is_file()
     assert verify_manifest(tiny_llama_int4)["group_size"] == 128

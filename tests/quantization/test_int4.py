@@ -11,11 +11,11 @@ from vllm_omni_edge.quantization.int4 import Int4FormatError
 
 @pytest.mark.parametrize("group_size", int4.SUPPORTED_GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_round_trip_within_half_a_step(group_size, dtype):
+def test_round_trip_within_half_a_step_integer_zero_points(group_size, dtype):
     gen = torch.Generator().manual_seed(group_size)
     # Rows of very different magnitude, so scales span several binades.
     w = (torch.randn(48, 512, generator=gen) * torch.rand(48, 1, generator=gen) * 4).to(dtype)
-    qweight, scales, zeros = int4.quantize(w, group_size)
+    qweight, scales, zeros = int4.quantize(w, group_size, zero_point="int")
 
     assert qweight.shape == (48, 256) and qweight.dtype == torch.uint8
     assert scales.shape == zeros.shape == (48, 512 // group_size)
@@ -29,11 +29,52 @@ def test_round_trip_within_half_a_step(group_size, dtype):
     assert rel < 0.12  # ~0.08-0.11 for Gaussian weights at these group sizes
 
 
+@pytest.mark.parametrize("group_size", int4.SUPPORTED_GROUP_SIZES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_round_trip_float_offsets_within_half_a_step_plus_offset_rounding(group_size, dtype):
+    gen = torch.Generator().manual_seed(group_size + 1)
+    w = (torch.randn(48, 512, generator=gen) * torch.rand(48, 1, generator=gen) * 4).to(dtype)
+    qweight, scales, offsets = int4.quantize(w, group_size, zero_point="float")
+    assert scales.dtype == offsets.dtype == int4.SCALE_DTYPE and offsets.shape == scales.shape
+
+    groups = w.float().reshape(48, -1, group_size)
+    rounding = (offsets.float() - groups.amin(-1)).abs()  # the offset's bf16 rounding
+    err = (int4.dequantize(qweight, scales, offsets) - w.float()).abs()
+    bound = (0.5 * scales.float() + rounding).repeat_interleave(group_size, dim=1)
+    assert bool((err <= bound * (1 + 1e-6)).all()), float((err / bound).max())
+
+
+def test_float_offsets_spend_all_16_levels_on_a_one_sided_group():
+    w = torch.linspace(1.0, 2.0, 64).reshape(1, 64)  # integer zero points widen this to [0, 2]
+    float_err = (int4.dequantize(*int4.quantize(w, 64, zero_point="float")) - w).abs().max()
+    int_err = (int4.dequantize(*int4.quantize(w, 64, zero_point="int")) - w).abs().max()
+    assert float(float_err) <= 0.5 / 15 + 1e-2 and float(float_err) < 0.6 * float(int_err)
+
+
+def test_weights_from_a_q4_1_grid_are_restored_almost_exactly():
+    """GGUF Q4_1 blocks (32 values, w = d*q + m, q in 0..15 using both ends) fit the float format."""
+    gen = torch.Generator().manual_seed(7)
+    d = (torch.rand(16, 4, 1, generator=gen) * 0.01 + 1e-3).to(torch.bfloat16).float()
+    m = (-torch.rand(16, 4, 1, generator=gen) * 0.1).to(torch.bfloat16).float()
+    q = torch.randint(0, 16, (16, 4, 32), generator=gen).float()
+    q[..., 0], q[..., 1] = 0, 15  # Q4_1's quantizer maps the block's min and max to 0 and 15
+    w = (q * d + m).reshape(16, 128)
+    back = int4.dequantize(*int4.quantize(w, 32, zero_point="float"))
+    assert float((back - w).norm() / w.norm()) < 5e-3
+    integer = int4.dequantize(*int4.quantize(w, 32, zero_point="int"))
+    assert float((integer - w).norm() / w.norm()) > 10 * float((back - w).norm() / w.norm())
+
+
+def test_unknown_zero_point_mode_is_named():
+    with pytest.raises(Int4FormatError, match="zero_point 'symmetric' is not supported"):
+        int4.quantize(torch.randn(4, 64), 32, zero_point="symmetric")
+
+
 def test_one_sided_and_zero_groups_are_exact_enough():
     w = torch.zeros(3, 64)
     w[1] = torch.linspace(1.0, 2.0, 64)  # all positive: range widened to include 0
     w[2, :32] = -3.0  # constant negative group, zero group beside it
-    qweight, scales, zeros = int4.quantize(w, 32)
+    qweight, scales, zeros = int4.quantize(w, 32, zero_point="int")
     back = int4.dequantize(qweight, scales, zeros)
     assert torch.equal(back[0], torch.zeros(64))
     assert torch.equal(back[2, 32:], torch.zeros(32))

@@ -30,8 +30,8 @@ SHAPES = [(16, 32, 32), (48, 512, 64), (96, 576, 64), (64, 256, 256), (4160, 256
 W4A16_KERNELS = [Int4PackCpuKernel, DequantFallbackKernel]
 
 
-def run_kernel(kernel_cls, N, K, g, act_dtype, M, bias=True, seed=0):
-    layer, weight = int4_layer(N, K, g, act_dtype, seed)
+def run_kernel(kernel_cls, N, K, g, act_dtype, M, bias=True, seed=0, zero_point="float"):
+    layer, weight = int4_layer(N, K, g, act_dtype, seed, zero_point)
     kernel = kernel_cls()
     kernel.process_weights(layer)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -46,10 +46,12 @@ def run_kernel(kernel_cls, N, K, g, act_dtype, M, bias=True, seed=0):
 @pytest.mark.parametrize("act_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("N,K,g", SHAPES)
 @pytest.mark.parametrize("M", [1, 37])
-def test_w4a16_kernels_match_reference(kernel_cls, act_dtype, N, K, g, M):
-    ok, why = kernel_cls.can_implement(CpuFeatures.detect(), g, K, N, act_dtype)
+@pytest.mark.parametrize("zero_point", int4.ZERO_POINT_MODES)
+def test_w4a16_kernels_match_reference(kernel_cls, act_dtype, N, K, g, M, zero_point):
+    ok, why = kernel_cls.can_implement(CpuFeatures.detect(), g, K, N, act_dtype,
+                                       float_zero=zero_point == "float")
     assert ok, why
-    out, ref, _ = run_kernel(kernel_cls, N, K, g, act_dtype, M)
+    out, ref, _ = run_kernel(kernel_cls, N, K, g, act_dtype, M, zero_point=zero_point)
     assert out.shape == (M, N) and out.dtype == act_dtype
     assert relative_error(out, ref) < TOLERANCE[act_dtype]
 
@@ -123,7 +125,7 @@ def test_dequant_keeps_packed_weights_resident():
 def test_awq_repack_matches_vllm_unpacking():
     """Our (N-major, K-packed) triple -> AutoAWQ int32 words, read back the way
     vLLM's C++ ``int4pack`` (AWQ branch of convert_weight_packed_scale_zp) reads them."""
-    layer, _ = int4_layer(64, 256, 64, torch.bfloat16)
+    layer, _ = int4_layer(64, 256, 64, torch.bfloat16, zero_point="int")
     qweight, scales, zeros = layer.qweight.data, layer.scales.data, layer.zeros.data
     awq_q, awq_z, awq_s = to_awq_tensors(qweight, scales, zeros)
     assert awq_q.shape == (256, 8) and awq_q.dtype == torch.int32

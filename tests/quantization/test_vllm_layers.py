@@ -58,11 +58,14 @@ def test_config_from_checkpoint_and_errors():
     assert CpuInt4Config.override_quantization_method({"quant_method": "awq"}, None) is None
     assert CpuInt4Config.override_quantization_method(good, "gptq") is None
     online = CpuInt4Config()
-    assert (online.group_size, online.prequantized) == (128, False)
-    assert CpuInt4Config.from_config_dict_json(json.dumps({"group_size": 32})).group_size == 32
+    assert (online.group_size, online.prequantized, online.zero_point) == (32, False, "float")
+    assert CpuInt4Config.from_config_dict_json(json.dumps({"group_size": 128})).group_size == 128
     assert CpuInt4Config.get_config_filenames() == []
-    for change, message in (({"bits": 8}, "bits=8"), ({"format_version": 2}, "format_version=2"),
-                            ({"zero_point": False}, "zero_point"), ({"group_size": 48}, "group size 48")):
+    assert CpuInt4Config.from_config(good).zero_point == "int"  # a format_version 1 checkpoint
+    assert CpuInt4Config.from_config({**good, "format_version": 2, "zero_point": "float"}).zero_point == "float"
+    for change, message in (({"bits": 8}, "bits=8"), ({"format_version": 3}, "format_version=3"),
+                            ({"zero_point": False}, "zero_point"), ({"group_size": 48}, "group size 48"),
+                            ({"format_version": 2, "zero_point": True}, "zero_point=True")):
         with pytest.raises(ValueError, match=message):
             CpuInt4Config.from_config({**good, **change})
 
@@ -110,6 +113,62 @@ def test_online_quantization_of_bf16_weights(vllm_single_process):
     out, _ = layer(x)
     _, exact = quantized(w)
     assert relative_error(out, F.linear(x.float(), exact, b.float())) < 1e-2
+
+
+def test_layerwise_load_quantizes_each_layer_when_its_last_shard_arrives(vllm_single_process):
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+
+    from vllm_omni_edge.quantization.config import CpuInt4Config
+
+    qkv = QKVParallelLinear(576, 64, 9, 3, bias=False, params_dtype=BF16, quant_config=CpuInt4Config(),
+                            prefix="model.layers.0.self_attn.qkv_proj")
+    assert qkv.weight.is_meta  # nothing in bf16 is allocated before the checkpoint arrives
+    shards = {"q": torch.randn(576, 576) * 0.05, "k": torch.randn(192, 576) * 0.05,
+              "v": torch.randn(192, 576) * 0.05}
+    for shard_id in ("q", "k"):
+        qkv.weight.weight_loader(qkv.weight, shards[shard_id].to(BF16), shard_id)
+        assert "qweight" not in dict(qkv.named_parameters())  # incomplete: still waiting
+    qkv.weight.weight_loader(qkv.weight, shards["v"].to(BF16), "v")
+    # Quantized as soon as the layer was complete, before any end-of-load pass.
+    params = dict(qkv.named_parameters())
+    assert "weight" not in params and params["qweight"].dtype == torch.uint8
+    qkv.quant_method.process_weights_after_loading(qkv)  # vLLM's final pass: a no-op now
+    x = torch.randn(3, 576).to(BF16)
+    exact = torch.cat([quantized(shards[k].to(BF16))[1] for k in ("q", "k", "v")])
+    assert relative_error(qkv(x)[0], F.linear(x.float(), exact)) < 1e-2
+
+
+def test_whole_model_load_keeps_bf16_until_the_end(vllm_single_process, monkeypatch):
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    from vllm_omni_edge.quantization.config import CpuInt4Config
+
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LOAD", "whole")
+    layer = RowParallelLinear(128, 64, bias=False, params_dtype=BF16, quant_config=CpuInt4Config(),
+                              prefix="whole")
+    layer.weight.weight_loader(layer.weight, torch.randn(64, 128).to(BF16))
+    assert layer.weight.dtype == BF16 and not layer.weight.is_meta
+    layer.quant_method.process_weights_after_loading(layer)
+    assert "weight" not in dict(layer.named_parameters())
+
+
+def test_two_layouts_keep_a_dense_copy_used_only_for_prefill(vllm_single_process, monkeypatch):
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    from vllm_omni_edge.quantization.config import CpuInt4Config
+    from vllm_omni_edge.quantization.kernels.int4pack import DENSE_MIN_ROWS
+
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LAYOUTS", "two")
+    layer = RowParallelLinear(256, 64, bias=False, params_dtype=BF16, quant_config=CpuInt4Config(),
+                              prefix="two")
+    w = (torch.randn(64, 256) * 0.05).to(BF16)
+    layer.weight.weight_loader(layer.weight, w)
+    _, exact = quantized(w)
+    assert torch.equal(layer.dense_weight.float(), exact.to(BF16).float())
+    prefill, decode = torch.randn(DENSE_MIN_ROWS, 256).to(BF16), torch.randn(1, 256).to(BF16)
+    assert torch.equal(layer(prefill)[0], F.linear(prefill, layer.dense_weight))
+    assert relative_error(layer(decode)[0], F.linear(decode.float(), exact)) < 1e-2
+    assert evidence.kernel_counts()["dense_prefill_copy"] == 1
 
 
 def test_online_layer_with_unsupported_k_stays_unquantized(vllm_single_process):
@@ -195,7 +254,8 @@ def test_summary_is_logged_once_all_layers_report(vllm_single_process, caplog):
     try:
         with caplog.at_level("INFO", logger=logger.name):
             for layer in layers:
-                layer.weight.data.normal_()
+                # Through the loader: layer-wise loading quantizes once the weight is complete.
+                layer.weight.weight_loader(layer.weight, torch.randn(64, 128).to(BF16))
                 layer.quant_method.process_weights_after_loading(layer)
     finally:
         logger.propagate = was

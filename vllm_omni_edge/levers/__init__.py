@@ -9,6 +9,9 @@ inherit the front end's environment).
 | RoPE table sized to max_model_len | VLLM_OMNI_EDGE_ROPE_CAP=1/0 | 1 | rope_cap.py |
 | KV budget when none is given | VLLM_OMNI_EDGE_KV_DEFAULT=need/vllm | need | kv_budget.py |
 | oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
+| cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
+| cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/int4pack.py |
+| process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -21,6 +24,9 @@ import os
 ROPE_CAP_ENV = "VLLM_OMNI_EDGE_ROPE_CAP"
 KV_DEFAULT_ENV = "VLLM_OMNI_EDGE_KV_DEFAULT"
 EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
+INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
+INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
+WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 
 
 class LeverFlagError(ValueError):
@@ -44,3 +50,15 @@ def kv_default_mode() -> str:
 
 def embed_prepack_enabled() -> bool:
     return _choice(EMBED_PREPACK_ENV, ("1", "0"), "0") == "1"
+
+
+def int4_layerwise_load() -> bool:
+    return _choice(INT4_LOAD_ENV, ("layerwise", "whole"), "layerwise") == "layerwise"
+
+
+def int4_dense_prefill_copy() -> bool:
+    return _choice(INT4_LAYOUTS_ENV, ("one", "two"), "one") == "two"
+
+
+def worker_in_engine_enabled() -> bool:
+    return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"

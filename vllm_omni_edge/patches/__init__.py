@@ -14,12 +14,17 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
+    "vllm_omni_edge.patches.frontend.worker_in_engine_core",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
+    "vllm_omni_edge.patches.common.torchvision_native_ops",
+    "vllm_omni_edge.patches.worker.qwen2_5_omni_voice_type",
     "vllm_omni_edge.patches.worker.evidence_recorder",
+    # Also a CLI patch; here too so `python -m vllm.entrypoints...` servers get it.
+    "vllm_omni_edge.patches.frontend.api_key_all_routes",
 )
 
 # Applied by our console scripts before vLLM's CLI is imported: the CLI crashes,
@@ -27,6 +32,9 @@ PLUGIN_PATCHES: tuple[str, ...] = (
 CLI_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.cli_version_lookup",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
+    "vllm_omni_edge.patches.common.torchvision_native_ops",
+    "vllm_omni_edge.patches.frontend.api_key_all_routes",
+    "vllm_omni_edge.patches.frontend.engine_death_exit",
 )
 
 ALL_PATCHES: tuple[str, ...] = tuple(dict.fromkeys(PLUGIN_PATCHES + CLI_PATCHES))

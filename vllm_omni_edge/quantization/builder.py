@@ -1,6 +1,6 @@
 """Build a cpu_int4 checkpoint from a bf16/fp16/fp32 Hugging Face directory or a GGUF file.
 
-``vllm-omni-edge quantize SRC OUT --group-size 128`` (``main``), or
+``vllm-omni-edge quantize SRC OUT [--group-size 32] [--zero-point float]`` (``main``), or
 ``build_cpu_int4_checkpoint(src, out)`` from Python.
 
 Every linear layer and the output head are stored 4-bit (format in ``int4.py``);
@@ -37,8 +37,12 @@ from vllm_omni_edge.quantization.int4 import (
     SUPPORTED_GROUP_SIZES,
     SUPPORTED_WEIGHT_DTYPES,
     Int4FormatError,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_ZERO_POINT,
+    ZERO_POINT_MODES,
     check_group_size,
     check_triple,
+    check_zero_point,
     dequantize,
     group_size_for,
     quantize,
@@ -74,6 +78,7 @@ class CheckpointBuildError(RuntimeError):
 class BuildReport:
     out: Path
     group_size: int
+    zero_point: str = DEFAULT_ZERO_POINT
     # prefix -> group size, for layers whose K the requested size does not divide.
     group_size_fallbacks: dict[str, int] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -115,13 +120,15 @@ class BuildReport:
 def build_cpu_int4_checkpoint(
     src: Path | str,
     out: Path | str,
-    group_size: int = 128,
+    group_size: int = DEFAULT_GROUP_SIZE,
     progress: bool = True,
     overwrite: bool = False,
+    zero_point: str = DEFAULT_ZERO_POINT,
 ) -> BuildReport:
     """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``."""
     src, out = Path(src).expanduser(), Path(out).expanduser()
     check_group_size(group_size)
+    check_zero_point(zero_point)
     if not src.exists():
         raise FileNotFoundError(f"source checkpoint not found: {src}")
     if out.exists() and not overwrite:
@@ -138,8 +145,8 @@ def build_cpu_int4_checkpoint(
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
             step = (lambda msg: logger.info("gguf: %s", msg)) if progress else None
             hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step)
-            return _build_from_hf_dir(hf_dir, out, group_size, progress)
-    return _build_from_hf_dir(src, out, group_size, progress)
+            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point)
+    return _build_from_hf_dir(src, out, group_size, progress, zero_point)
 
 
 def _read_source_config(src: Path) -> dict:
@@ -201,19 +208,21 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
     return OTHER
 
 
-def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool) -> BuildReport:
+def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
+                       zero_point: str) -> BuildReport:
     config = _read_source_config(src)
     with contextlib.ExitStack() as stack:
         report, written, quantized_prefixes = _quantize_tensors(
-            src, out, _open_source_tensors(src, stack), config, group_size, progress
+            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point
         )
-    _write_checkpoint(src, out, config, group_size, written, quantized_prefixes)
-    logger.info("wrote cpu_int4 checkpoint %s (group size %d)", out, group_size)
+    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes)
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points)", out, group_size, zero_point)
     return report
 
 
 def _quantize_tensors(
-    src: Path, out: Path, where: dict, config: dict, group_size: int, progress: bool
+    src: Path, out: Path, where: dict, config: dict, group_size: int, progress: bool,
+    zero_point: str = DEFAULT_ZERO_POINT,
 ):
     """All output tensors in memory, and the report of what was done to each class."""
     from tqdm import tqdm
@@ -227,7 +236,7 @@ def _quantize_tensors(
             f"{src} has no {HEAD} and does not tie it to {EMBEDDING}; cannot build the output head"
         )
 
-    report = BuildReport(out=out, group_size=group_size)
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point)
     written: dict[str, torch.Tensor] = {}
     quantized_prefixes: list[str] = []
 
@@ -235,7 +244,7 @@ def _quantize_tensors(
         g = group_size_for(weight.shape[1], group_size, what=prefix)
         if g != group_size:
             report.group_size_fallbacks[prefix] = g
-        qweight, scales, zeros = quantize(weight, g, what=prefix)
+        qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
         ref = weight.float()
         report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
         report._sq_ref[row] += float(ref.square().sum())
@@ -275,6 +284,7 @@ def _write_checkpoint(
     out: Path,
     config: dict,
     group_size: int,
+    zero_point: str,
     written: dict[str, torch.Tensor],
     quantized_prefixes: list[str],
 ) -> None:
@@ -288,7 +298,7 @@ def _write_checkpoint(
         "group_size": group_size,
         "format_version": FORMAT_VERSION,
         "lm_head": True,
-        "zero_point": True,
+        "zero_point": zero_point,
     }
     with atomic_directory(out) as tmp:
         save_file(
@@ -305,7 +315,8 @@ def _write_checkpoint(
         write_manifest(
             tmp,
             [OUTPUT_WEIGHTS, "config.json"],
-            {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "group_size": group_size},
+            {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "group_size": group_size,
+             "zero_point": zero_point},
         )
         _verify_written(tmp, quantized_prefixes)
 
@@ -356,10 +367,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--group-size",
         type=int,
-        default=128,
+        default=DEFAULT_GROUP_SIZE,
         choices=SUPPORTED_GROUP_SIZES,
-        help="inputs per scale/zero point (default 128; a layer whose K it does not "
-        "divide uses the largest smaller size that does)",
+        help="inputs per scale/zero point (default %(default)s; 128 saves 0.75 bit per weight "
+        "at about twice the weight error; a layer whose K it does not divide uses the largest "
+        "smaller size that does)",
+    )
+    parser.add_argument(
+        "--zero-point",
+        default=DEFAULT_ZERO_POINT,
+        choices=ZERO_POINT_MODES,
+        help="float: a bf16 offset per group (the group minimum, as GGUF Q4_1/Q4_K; near-lossless "
+        "for weights that came from such a GGUF with --group-size 32); int: a 4-bit zero point "
+        "(AWQ/GPTQ; needed by the W4A8 AMX kernel). Default: %(default)s",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -369,7 +389,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     try:
         report = build_cpu_int4_checkpoint(
-            args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite
+            args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite,
+            zero_point=args.zero_point,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -3,12 +3,13 @@
 Read from ``config.json``::
 
     "quantization_config": {"quant_method": "cpu_int4", "bits": 4, "group_size": 128,
-                            "format_version": 1, "lm_head": true, "zero_point": true}
+                            "format_version": 2, "lm_head": true, "zero_point": "float"}
 
-With no ``quantization_config`` and ``quantization="cpu_int4"``, vLLM builds
-``CpuInt4Config()`` and the bf16 weights are quantized at load (group 128, head
-included). Other online settings go through
-``hf_overrides={"quantization_config_dict_json": '{"group_size": 64}'}``.
+(format_version 1 checkpoints, ``"zero_point": true``, hold integer zero points
+and still load.) With no ``quantization_config`` and ``quantization="cpu_int4"``,
+vLLM builds ``CpuInt4Config()`` and the bf16 weights are quantized at load (group
+32, float zero points, head included). Other online settings go through
+``hf_overrides={"quantization_config_dict_json": '{"group_size": 128}'}``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.quantization import evidence
 from vllm_omni_edge.quantization.int4 import (
     BITS,
-    FORMAT_VERSION,
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_ZERO_POINT,
+    READABLE_FORMAT_VERSIONS,
+    ZERO_POINT_MODES,
     Int4FormatError,
     check_group_size,
+    check_zero_point,
     group_size_for,
 )
 from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
@@ -41,10 +46,13 @@ logger = get_logger("cpu_int4")
 
 @register_quantization_config(QUANT_METHOD)
 class CpuInt4Config(QuantizationConfig):
-    def __init__(self, group_size: int = 128, lm_head: bool = True, prequantized: bool = False):
+    def __init__(self, group_size: int = DEFAULT_GROUP_SIZE, lm_head: bool = True, prequantized: bool = False,
+                 zero_point: str = DEFAULT_ZERO_POINT):
         super().__init__()
         check_group_size(group_size)
+        check_zero_point(zero_point)
         self.group_size = group_size
+        self.zero_point = zero_point
         self.lm_head = lm_head
         # True when the checkpoint already holds qweight/scales/zeros.
         self.prequantized = prequantized
@@ -52,7 +60,7 @@ class CpuInt4Config(QuantizationConfig):
     def __repr__(self) -> str:
         return (
             f"CpuInt4Config(group_size={self.group_size}, lm_head={self.lm_head}, "
-            f"prequantized={self.prequantized})"
+            f"prequantized={self.prequantized}, zero_point={self.zero_point!r})"
         )
 
     def get_name(self) -> str:
@@ -79,22 +87,31 @@ class CpuInt4Config(QuantizationConfig):
             raise bad(f"quant_method is {config.get('quant_method')!r}")
         if config.get("bits", BITS) != BITS:
             raise bad(f"bits={config.get('bits')} (only {BITS} is supported)")
-        if config.get("format_version") != FORMAT_VERSION:
+        version = config.get("format_version")
+        if version not in READABLE_FORMAT_VERSIONS:
             raise bad(
-                f"format_version={config.get('format_version')!r}; this plugin reads "
-                f"version {FORMAT_VERSION}. Rebuild the checkpoint with `vllm-omni-edge quantize`."
+                f"format_version={version!r}; this plugin reads versions "
+                f"{', '.join(map(str, READABLE_FORMAT_VERSIONS))}. Rebuild the checkpoint with "
+                "`vllm-omni-edge quantize`."
             )
-        if config.get("zero_point", True) is not True:
-            raise bad("zero_point must be true (the format stores asymmetric zero points)")
+        zero_point = config.get("zero_point", True if version == 1 else None)
+        if version == 1:
+            if zero_point is not True:
+                raise bad("format_version 1 stores integer zero points: zero_point must be true")
+            zero_point = "int"
+        elif zero_point not in ZERO_POINT_MODES:
+            raise bad(f"zero_point={zero_point!r}; expected one of {', '.join(ZERO_POINT_MODES)}")
         if "group_size" not in config:
             raise bad("group_size is missing")
-        return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True)
+        return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True,
+                   zero_point=zero_point)
 
     @classmethod
     def from_config_dict_json(cls, config_json: str) -> "CpuInt4Config":
         """Online quantization settings from ``hf_overrides``."""
         settings = json.loads(config_json)
-        return cls(int(settings.get("group_size", 128)), bool(settings.get("lm_head", True)))
+        return cls(int(settings.get("group_size", DEFAULT_GROUP_SIZE)), bool(settings.get("lm_head", True)),
+                   zero_point=settings.get("zero_point", DEFAULT_ZERO_POINT))
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
@@ -133,4 +150,4 @@ class CpuInt4Config(QuantizationConfig):
                 )
                 return UnquantizedLinearMethod() if kind == "linear" else None
         evidence.expect(prefix)
-        return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix)
+        return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix, self.zero_point)

@@ -1,6 +1,7 @@
 """Which kernel each cpu_int4 layer runs on, in this process (the model worker).
 
-``kernel_counts()`` -> ``{"linear:int4pack": 210, "lm_head:int4pack": 1, "fallback": 0}``.
+``kernel_counts()`` -> ``{"linear:int4pack": 210, "lm_head:int4pack": 1, "fallback": 0,
+"dense_prefill_copy": 0}``.
 "fallback" counts layers on the slow dequantize-per-call kernel; layers left
 unquantized (online quantization of a shape the format cannot hold) count as
 "<kind>:unquantized". When every layer the config handed a method to has been
@@ -27,6 +28,7 @@ class LayerChoice:
     in_features: int
     out_features: int
     group_size: int | None
+    dense_prefill_copy: bool = False  # a second, dense layout kept for prefill
 
 
 _lock = threading.Lock()
@@ -56,7 +58,8 @@ def kernel_counts() -> dict[str, int]:
     with _lock:
         counts = Counter(f"{c.kind}:{c.kernel}" for c in _choices.values())
         fallback = sum(c.kernel == "dequant" for c in _choices.values())
-    return {**dict(sorted(counts.items())), "fallback": fallback}
+        dense = sum(c.dense_prefill_copy for c in _choices.values())
+    return {**dict(sorted(counts.items())), "fallback": fallback, "dense_prefill_copy": dense}
 
 
 def layer_choices() -> list[dict]:

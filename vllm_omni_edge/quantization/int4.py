@@ -1,29 +1,50 @@
 """The cpu_int4 number format, in one place: quantize, pack, unpack, dequantize.
 
-Asymmetric per-group uint4 with integer zero points, the AWQ/GPTQ convention:
+Asymmetric per-group uint4, with one of two zero-point conventions:
 
-    w[n, k] ~= (q[n, k] - zero[n, k // g]) * scale[n, k // g],   q, zero in 0..15
+- ``zero_point="float"`` (the default since format_version 2): a float offset,
+  the group minimum, as llama.cpp's Q4_1 / Q4_K do::
 
-Every group's range is widened to include 0 (as GPTQ does), so the zero point
-always lands in 0..15 and one-sided groups are not clipped. The scale is rounded
-*up* to its storage dtype (bf16) before q and the zero point are computed, so the
-group's range still fits in 15 steps and every weight is within half a stored
-scale of its dequantized value (the bound the tests check).
+      w[n, k] ~= q[n, k] * scale[n, k // g] + offset[n, k // g],   q in 0..15
 
-Tensors (format_version 1, what the builder writes and the linear method loads):
+  Each group's 16 levels span exactly [min, max]. Weights that came from a Q4_1
+  or Q4_K GGUF lie on such a grid already, so with group 32 (their block) they
+  are re-stored almost exactly (bf16 rounding of scale and offset only).
+- ``zero_point="int"`` (format_version 1): an integer zero point, the AWQ/GPTQ
+  convention that vLLM's W4A8 AMX kernel needs::
+
+      w[n, k] ~= (q[n, k] - zero[n, k // g]) * scale[n, k // g],   q, zero in 0..15
+
+  Every group's range is widened to include 0 (as GPTQ does), so the zero
+  point lands in 0..15; a one-sided group wastes levels.
+
+Either way the scale is rounded *up* to its storage dtype (bf16) before q is
+computed, so the group's range fits in 15 steps and every weight is within half
+a stored scale (plus, for float offsets, the offset's bf16 rounding) of its
+dequantized value (the bounds the tests check).
+
+Tensors (what the builder writes and the linear method loads):
 
 - ``qweight`` uint8 [N, K/2]: two values per byte along K; the low nibble is the
   even k, the high nibble the odd k. The output dim is dim 0, so vLLM's merged
   QKV / gate_up loaders concatenate shards on dim 0 unchanged.
 - ``scales`` bf16 [N, K/g].
-- ``zeros`` uint8 [N, K/g], one unpacked zero point (0..15) per group.
+- ``zeros`` [N, K/g]: bf16 offsets (``zero_point="float"``) or uint8 zero points
+  0..15 (``"int"``). Its dtype says which; nothing else has to.
 """
 
 from __future__ import annotations
 
 import torch
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)  # version 1 = integer zero points only
+ZERO_POINT_MODES = ("float", "int")
+DEFAULT_ZERO_POINT = "float"
+# Group 32 with float offsets: half the weight error of group 128 on Qwen2.5-Coder-1.5B
+# (relative RMS 0.047 vs 0.099) and the block size of the GGUF files our models come
+# from, for 0.75 bit per weight more (5.0 vs 4.25 bits). See docs/edge/cpu-4bit.md.
+DEFAULT_GROUP_SIZE = 32
 BITS = 4
 SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
 SCALE_DTYPE = torch.bfloat16
@@ -63,8 +84,24 @@ def group_size_for(in_features: int, requested: int, what: str = "layer") -> int
     )
 
 
-def quantize(weight: torch.Tensor, group_size: int, what: str = "weight"):
-    """[N, K] float weight -> (qweight uint8 [N, K/2], scales bf16 [N, G], zeros uint8 [N, G])."""
+def check_zero_point(zero_point: str) -> None:
+    if zero_point not in ZERO_POINT_MODES:
+        raise Int4FormatError(
+            f"zero_point {zero_point!r} is not supported (supported: {', '.join(ZERO_POINT_MODES)})"
+        )
+
+
+def has_float_zero(zeros: torch.Tensor) -> bool:
+    return zeros.dtype != torch.uint8
+
+
+def quantize(weight: torch.Tensor, group_size: int, what: str = "weight",
+             zero_point: str = DEFAULT_ZERO_POINT):
+    """[N, K] float weight -> (qweight uint8 [N, K/2], scales bf16 [N, G], zeros [N, G]).
+
+    ``zeros`` is bf16 offsets for ``zero_point="float"``, uint8 zero points for "int".
+    """
+    check_zero_point(zero_point)
     if weight.dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise Int4FormatError(
             f"{what}: dtype {weight.dtype} is not supported "
@@ -81,16 +118,21 @@ def quantize(weight: torch.Tensor, group_size: int, what: str = "weight"):
     w = weight.detach().float().reshape(n, k // group_size, group_size)
     if not torch.isfinite(w).all():
         raise Int4FormatError(f"{what}: contains NaN or infinite values")
-    wmin = w.amin(dim=-1).clamp(max=0)
-    wmax = w.amax(dim=-1).clamp(min=0)
+    wmin, wmax = w.amin(dim=-1), w.amax(dim=-1)
+    if zero_point == "int":
+        wmin, wmax = wmin.clamp(max=0), wmax.clamp(min=0)
     exact = (wmax - wmin) / _QMAX
     scales = exact.to(SCALE_DTYPE)
     scales = torch.where(
         scales.float() < exact, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales
     )
-    # An all-zero group: any non-zero scale stores it exactly (q == zero).
+    # A constant group: any non-zero scale stores it exactly (q == zero, or q == 0).
     scales = torch.where(scales == 0, torch.ones_like(scales), scales)
     s = scales.float()
+    if zero_point == "float":
+        offsets = wmin.to(SCALE_DTYPE)
+        q = torch.round((w - offsets.float().unsqueeze(-1)) / s.unsqueeze(-1)).clamp(0, _QMAX)
+        return pack_nibbles(q.reshape(n, k).to(torch.uint8)), scales, offsets
     zeros = torch.round(-wmin / s).clamp(0, _QMAX)
     q = (torch.round(w / s.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, _QMAX)
     qweight = pack_nibbles(q.reshape(n, k).to(torch.uint8))
@@ -119,14 +161,20 @@ def dequantize(
     """The reference: exactly the weights the stored triple means, rounded once to ``dtype``."""
     n, groups = scales.shape
     q = unpack_nibbles(qweight).float().reshape(n, groups, -1)
-    w = (q - zeros.float().unsqueeze(-1)) * scales.float().unsqueeze(-1)
+    s, z = scales.float().unsqueeze(-1), zeros.float().unsqueeze(-1)
+    w = q * s + z if has_float_zero(zeros) else (q - z) * s
     return w.reshape(n, -1).to(dtype)
 
 
 def check_triple(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, what: str) -> int:
     """Validate stored tensors against each other; return the group size."""
-    if qweight.dtype != torch.uint8 or zeros.dtype != torch.uint8:
-        raise Int4FormatError(f"{what}: qweight and zeros must be uint8")
+    if qweight.dtype != torch.uint8:
+        raise Int4FormatError(f"{what}: qweight must be uint8")
+    if zeros.dtype != torch.uint8 and zeros.dtype != scales.dtype:
+        raise Int4FormatError(
+            f"{what}: zeros must be uint8 zero points or offsets in the scales' dtype ({scales.dtype}), "
+            f"got {zeros.dtype}"
+        )
     if scales.dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise Int4FormatError(f"{what}: scales dtype {scales.dtype} is not supported")
     if qweight.dim() != 2 or scales.shape != zeros.shape or scales.shape[0] != qweight.shape[0]:

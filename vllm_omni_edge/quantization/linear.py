@@ -7,9 +7,12 @@ Two ways in, one resident result:
   (``int4.py``) with the output dim as dim 0, so vLLM's v2 loaders place
   q/k/v and gate/up shards by output offset exactly as for a bf16 weight;
 - a bf16/fp16/fp32 checkpoint with ``quantization="cpu_int4"``: a plain
-  ``weight`` is loaded and quantized in ``process_weights_after_loading``. The
-  whole bf16 model is in memory before the first layer is quantized, so the
-  load-time peak is bf16 + int4 (layer-wise online loading is not done yet).
+  ``weight`` is loaded and quantized. By default it is created on the meta
+  device and each layer is materialized, loaded and quantized as soon as its
+  last shard arrives (vLLM's layer-wise online processing, the mechanism its
+  online FP8 uses), so only one layer is ever held in bf16 and the load-time
+  peak stays near the int4 steady state. ``VLLM_OMNI_EDGE_INT4_LOAD=whole``
+  loads the whole bf16 model first (the A/B arm; peak bf16 + int4).
 
 Either way the chosen kernel then repacks the triple once into its own layout.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import torch
 from vllm.model_executor.layers.linear import WEIGHT_LOADER_V2_SUPPORTED, LinearMethodBase
+from vllm.model_executor.model_loader.reload.layerwise import initialize_online_processing
 from vllm.model_executor.parameter import (
     GroupQuantScaleParameter,
     ModelWeightParameter,
@@ -30,9 +34,16 @@ from vllm.model_executor.parameter import (
 )
 from vllm.model_executor.utils import set_weight_attrs
 
+from vllm_omni_edge.levers import int4_layerwise_load
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.quantization import evidence
-from vllm_omni_edge.quantization.int4 import SCALE_DTYPE, group_size_for, quantize
+from vllm_omni_edge.quantization.int4 import (
+    DEFAULT_ZERO_POINT,
+    SCALE_DTYPE,
+    group_size_for,
+    has_float_zero,
+    quantize,
+)
 from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
 from vllm_omni_edge.quantization.kernels.base import set_weight
 
@@ -40,11 +51,15 @@ logger = get_logger("cpu_int4")
 
 
 class CpuInt4LinearMethod(LinearMethodBase):
-    def __init__(self, group_size: int, prequantized: bool, kind: str, prefix: str):
+    def __init__(self, group_size: int, prequantized: bool, kind: str, prefix: str,
+                 zero_point: str = DEFAULT_ZERO_POINT):
         self.requested_group_size = group_size
+        self.zero_point = zero_point
         self.prequantized = prequantized
         self.kind = kind  # "linear" | "lm_head"
         self.prefix = prefix
+        # vLLM's loader reads this to run layer-wise online processing.
+        self.uses_meta_device = not prequantized and int4_layerwise_load()
 
     def create_weights(
         self,
@@ -79,7 +94,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
                     weight_loader=weight_loader,
                 ),
                 "zeros": GroupQuantScaleParameter(
-                    data=torch.empty(N, K // g, dtype=torch.uint8),
+                    data=torch.empty(N, K // g,
+                                     dtype=torch.uint8 if self.zero_point == "int" else SCALE_DTYPE),
                     input_dim=1,
                     output_dim=0,
                     weight_loader=weight_loader,
@@ -88,7 +104,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         else:
             params = {
                 "weight": ModelWeightParameter(
-                    data=torch.empty(N, K, dtype=params_dtype),
+                    data=torch.empty(N, K, dtype=params_dtype,
+                                     device="meta" if self.uses_meta_device else None),
                     input_dim=1,
                     output_dim=0,
                     weight_loader=weight_loader,
@@ -97,6 +114,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         for name, param in params.items():
             layer.register_parameter(name, param)
             set_weight_attrs(param, extra_weight_attrs)
+        if self.uses_meta_device:
+            initialize_online_processing(layer)
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
         if not self.prequantized:
@@ -106,16 +125,21 @@ class CpuInt4LinearMethod(LinearMethodBase):
         return layer
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        # Layer-wise loading already processed this layer; vLLM calls again at the end.
+        if getattr(layer, "_already_called_process_weights_after_loading", False):
+            return
         g = layer.int4_group_size
         if not self.prequantized:
-            qweight, scales, zeros = quantize(layer.weight.data, g, what=self.prefix)
+            qweight, scales, zeros = quantize(layer.weight.data, g, what=self.prefix,
+                                              zero_point=self.zero_point)
             set_weight(layer, "weight", None)  # a tied embedding keeps its own reference
             set_weight(layer, "qweight", qweight)
             set_weight(layer, "scales", scales)
             set_weight(layer, "zeros", zeros)
         K, N = layer.int4_in_features, layer.qweight.shape[0]
         kernel_cls, reason = choose_kernel(
-            CpuFeatures.detect(), g, K, N, layer.int4_act_dtype, what=self.prefix
+            CpuFeatures.detect(), g, K, N, layer.int4_act_dtype, what=self.prefix,
+            float_zero=has_float_zero(layer.zeros.data),
         )
         logger.debug("cpu_int4: %s (K=%d N=%d g=%d) -> %s: %s",
                      self.prefix, K, N, g, kernel_cls.name, reason)
@@ -123,8 +147,10 @@ class CpuInt4LinearMethod(LinearMethodBase):
         kernel.process_weights(layer)
         layer.int4_kernel = kernel
         evidence.record(
-            evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g)
+            evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g,
+                                 dense_prefill_copy=hasattr(layer, "dense_weight"))
         )
+        layer._already_called_process_weights_after_loading = True
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

@@ -1,10 +1,10 @@
 """The cpu_int4 kernels and the one place that picks between them.
 
-Preference, when more than one can run a layer:
-1. ``amx_w4a8``: on AMX Xeons with bf16 activations. In the one-off kernel
-   microbenchmark in the project's field notes (AMX Xeon, group 128; not a
-   harness result) it beat tinygemm at decode shapes and stayed near bf16 at
-   prefill shapes, where tinygemm was ~11x slower than bf16.
+Order of preference, when more than one can run a layer: the router's
+(``vllm_omni_edge/routing``), i.e. the decode ranking measured for this CPU class
+and shipped as a generated table; kernels the table does not rank follow in the
+static order below, the last resort being the slowest:
+1. ``amx_w4a8``: AMX Xeons, bf16 activations, integer zero points.
 2. ``int4pack``: tinygemm W4A16, any x86 CPU PyTorch supports (AVX2 here).
 3. ``dequant``: pure PyTorch, any shape, slow.
 
@@ -51,6 +51,8 @@ def choose_kernel(
     N: int,
     act_dtype: torch.dtype,
     what: str = "layer",
+    *,
+    float_zero: bool = False,
 ) -> tuple[type[Int4Kernel], str]:
     """The kernel for one layer and why it was chosen (including why others were not)."""
     forced = os.environ.get(KERNEL_ENV, "").strip()
@@ -59,16 +61,34 @@ def choose_kernel(
             raise KernelUnavailableError(
                 f"{KERNEL_ENV}={forced!r} is not a kernel (choose from {', '.join(KERNELS)})"
             )
-        ok, reason = KERNELS[forced].can_implement(features, group_size, K, N, act_dtype)
+        ok, reason = KERNELS[forced].can_implement(features, group_size, K, N, act_dtype,
+                                                   float_zero=float_zero)
         if not ok:
             raise KernelUnavailableError(f"{KERNEL_ENV}={forced} cannot run {what}: {reason}")
         return KERNELS[forced], f"forced by {KERNEL_ENV}"
     passed_over = []
-    for kernel in PREFERENCE:
-        ok, reason = kernel.can_implement(features, group_size, K, N, act_dtype)
+    route = routed_order()
+    for kernel in sorted(PREFERENCE, key=lambda k: route.index(k.name) if k.name in route else len(route)):
+        ok, reason = kernel.can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
         if ok:
+            reason += f" [router: {route_summary()}]"
             if passed_over:
                 reason += f" [not {'; '.join(passed_over)}]"
             return kernel, reason
         passed_over.append(f"{kernel.name}: {reason}")
     raise KernelUnavailableError(f"no cpu_int4 kernel can run {what}: {'; '.join(passed_over)}")
+
+
+def routed_order() -> tuple[str, ...]:
+    """Kernel names, fastest first for decode on this CPU class (routing table)."""
+    from vllm_omni_edge.routing.weight_path import decision_for_this_cpu
+
+    return decision_for_this_cpu().decode_order
+
+
+def route_summary() -> str:
+    from vllm_omni_edge.routing.weight_path import decision_for_this_cpu
+
+    d = decision_for_this_cpu()
+    note = f"; {d.prefill_note}" if d.prefill_note else ""
+    return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"

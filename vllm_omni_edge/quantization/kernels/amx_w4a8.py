@@ -56,7 +56,9 @@ class AmxW4A8Kernel(Int4Kernel):
     name = "amx_w4a8"
 
     @classmethod
-    def can_implement(cls, features, group_size, K, N, act_dtype):
+    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
+        if float_zero:
+            return False, "needs integer zero points (build with --zero-point int)"
         if not features.amx:
             return False, "CPU has no AMX tiles"
         if not features.vllm_w4a8_op:

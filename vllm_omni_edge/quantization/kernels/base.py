@@ -1,7 +1,8 @@
 """What every cpu_int4 kernel provides, and the CPU facts they choose by.
 
 A kernel takes a layer holding the stored triple (``qweight`` uint8 [N, K/2],
-``scales`` [N, G], ``zeros`` uint8 [N, G]; see ``int4.py``), repacks it once
+``scales`` [N, G], ``zeros`` [N, G]: bf16 offsets or uint8 zero points; see
+``int4.py``), repacks it once
 into the one layout it runs on (``process_weights``), then multiplies
 activations by it (``apply``). The repacked tensors stay registered on the layer
 as parameters, so memory accounting sees them.
@@ -47,7 +48,8 @@ class Int4Kernel:
 
     @classmethod
     def can_implement(
-        cls, features: CpuFeatures, group_size: int, K: int, N: int, act_dtype: torch.dtype
+        cls, features: CpuFeatures, group_size: int, K: int, N: int, act_dtype: torch.dtype,
+        *, float_zero: bool = False,
     ) -> tuple[bool, str]:
         raise NotImplementedError
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_omni_edge.quantization.int4 import has_float_zero
 from vllm_omni_edge.quantization.kernels.base import Int4Kernel, set_weight
 
 
@@ -25,7 +26,7 @@ class DequantFallbackKernel(Int4Kernel):
     name = "dequant"
 
     @classmethod
-    def can_implement(cls, features, group_size, K, N, act_dtype):
+    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
         if K % group_size or group_size % 2:
             return False, f"group size {group_size} must be even and divide K={K}"
         if not act_dtype.is_floating_point:
@@ -34,6 +35,7 @@ class DequantFallbackKernel(Int4Kernel):
 
     def process_weights(self, layer):
         act_dtype = layer.int4_act_dtype
+        layer.int4_float_zero = has_float_zero(layer.zeros.data)
         # Zero points 0..15 are exact in any float dtype.
         set_weight(layer, "scales", layer.scales.data.to(act_dtype))
         set_weight(layer, "zeros", layer.zeros.data.to(act_dtype))
@@ -44,7 +46,8 @@ class DequantFallbackKernel(Int4Kernel):
         s, z = scales.unsqueeze(-1), zeros.unsqueeze(-1)
 
         def half(nibbles: torch.Tensor) -> torch.Tensor:
-            return ((nibbles.reshape(n, groups, -1).to(x.dtype) - z) * s).reshape(n, -1)
+            q = nibbles.reshape(n, groups, -1).to(x.dtype)
+            return (q * s + z if layer.int4_float_zero else (q - z) * s).reshape(n, -1)
 
         out = F.linear(x[..., 0::2], half(qweight & 0x0F))
         out += F.linear(x[..., 1::2], half(qweight >> 4))

@@ -1,0 +1,173 @@
+"""Per-kernel, per-phase timings of the cpu_int4 paths: the measurements routing is built on.
+
+    python -m benchmarks.edge_harness.kernel_bench --model default --passes 5 [--out DIR]
+
+For every linear shape of the model (K x N of q/k/v, o, gate/up, down and the head)
+and each phase (decode: M=1 row; prefill: M=512 rows), every path this CPU can run
+is timed, the paths interleaved within a pass (A B C A B C ...), in one process with
+the thread count vLLM gives its worker. Paths: the cpu_int4 kernels (``int4pack``,
+``dequant``, ``amx_w4a8`` where it exists) and ``dense``: ``F.linear`` on a dense copy
+in the activation dtype, which is what the second layout
+(``VLLM_OMNI_EDGE_INT4_LAYOUTS=two``) runs for prefill.
+
+A figure is the time of one whole model's worth of linear calls (every layer's shapes,
+each once, as one forward does), median over passes with min and max. Kernel-level,
+not end to end: the grids show the end-to-end effect of the path the router picks.
+The artifact carries provenance like a grid's and feeds
+``python -m vllm_omni_edge.routing.generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.edge_harness import provenance
+from benchmarks.edge_harness.runner import RESULTS_ROOT
+from vllm_omni_edge.atomic import atomic_write_bytes
+
+PHASES = {"decode": 1, "prefill": 512}
+DENSE = "dense"
+
+
+def model_linear_shapes(config: dict[str, Any]) -> list[tuple[str, int, int, int]]:
+    """(name, K, N, count per forward) for a llama/qwen2 config, as vLLM merges them."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or hidden // heads
+    layers = config["num_hidden_layers"]
+    return [
+        ("qkv_proj", hidden, (heads + 2 * kv_heads) * head_dim, layers),
+        ("o_proj", heads * head_dim, hidden, layers),
+        ("gate_up_proj", hidden, 2 * inter, layers),
+        ("down_proj", inter, hidden, layers),
+        ("lm_head", hidden, config["vocab_size"], 1),
+    ]
+
+
+def _paths(group_size: int, K: int, N: int, dtype: torch.dtype) -> dict[str, Any]:
+    from vllm_omni_edge.quantization.kernels import PREFERENCE, CpuFeatures
+
+    features = CpuFeatures.detect()
+    usable = {}
+    for kernel_cls in PREFERENCE:
+        # W4A8 needs integer zero points; the others run the default float offsets.
+        float_zero = kernel_cls.name != "amx_w4a8"
+        ok, why = kernel_cls.can_implement(features, group_size, K, N, dtype, float_zero=float_zero)
+        usable[kernel_cls.name] = (kernel_cls if ok else None, why)
+    usable[DENSE] = (DENSE, "F.linear on a dense copy in the activation dtype")
+    return usable
+
+
+def _layer(kernel_cls, K: int, N: int, group_size: int, dtype: torch.dtype, seed: int):
+    from vllm_omni_edge.quantization import int4
+
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(N, K, generator=gen) * 0.02
+    zero_point = "int" if getattr(kernel_cls, "name", "") == "amx_w4a8" else "float"
+    triple = int4.quantize(weight, group_size, zero_point=zero_point)
+    layer = torch.nn.Module()
+    if kernel_cls == DENSE:
+        layer.dense = int4.dequantize(*triple, dtype=dtype)
+        return layer, lambda x: F.linear(x, layer.dense)
+    for name, t in zip(("qweight", "scales", "zeros"), triple):
+        layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+    layer.int4_in_features, layer.int4_group_size, layer.int4_act_dtype = K, group_size, dtype
+    kernel = kernel_cls()
+    kernel.process_weights(layer)
+    return layer, lambda x: kernel.apply(layer, x, None)
+
+
+def _time_call(fn, x: torch.Tensor, repeats: int) -> float:
+    fn(x)  # warm: first-call allocations and any lazy init
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repeats: int,
+        dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    shapes = model_linear_shapes(config)
+    timings: dict[str, dict[str, list[float]]] = {}
+    refused: dict[str, str] = {}
+    built = {}
+    for name, K, N, _count in shapes:
+        for path, (impl, why) in _paths(group_size, K, N, dtype).items():
+            if impl is None:
+                refused[path] = why
+                continue
+            built[(name, path)] = _layer(impl, K, N, group_size, dtype, seed=K * 7 + N)
+    paths = sorted({path for _, path in built})
+    inputs = {(name, phase): torch.randn(m, K).to(dtype) for name, K, _, _ in shapes for phase, m in PHASES.items()}
+    for pass_index in range(passes):
+        for phase in PHASES:
+            # Interleaved: every path once per shape before the next pass.
+            for path in paths:
+                total = 0.0
+                for name, _K, _N, count in shapes:
+                    if (name, path) not in built:
+                        total = float("nan")
+                        break
+                    _, fn = built[(name, path)]
+                    total += count * _time_call(fn, inputs[(name, phase)], repeats)
+                timings.setdefault(phase, {}).setdefault(path, []).append(total * 1000)
+    summary = {
+        phase: {
+            path: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "passes_ms": v}
+            for path, v in by_path.items()
+        }
+        for phase, by_path in timings.items()
+    }
+    return {"shapes": shapes, "group_size": group_size, "threads": threads, "repeats": repeats,
+            "dtype": str(dtype).removeprefix("torch."), "phases": PHASES, "refused": refused,
+            "summary": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default", help="checkpoint dir or embedded model name (its config.json)")
+    parser.add_argument("--passes", type=int, default=5, help="interleaved passes (>= 3)")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads (default: the usable cores minus vLLM's reserved ones, as its worker gets)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per shape; the fastest counts")
+    parser.add_argument("--out", type=Path, default=None, help="results directory [results/<date>-kernel-paths-<model>]")
+    args = parser.parse_args(argv)
+    if args.passes < 3:
+        parser.error("--passes must be at least 3 (medians need 3)")
+    from benchmarks.edge_harness.grid import resolve_model
+    from vllm_omni_edge.cpu_features import cpu_class, usable_cores
+    from vllm_omni_edge.patches.frontend.reserved_cores import default_reserved_cores
+
+    model_dir = Path(resolve_model(args.model))
+    config = json.loads((model_dir / "config.json").read_text())
+    threads = args.threads or max(1, usable_cores() - (default_reserved_cores(usable_cores()) or 1))
+    record = {"provenance": provenance.collect(grid_text="", argv=sys.argv), "model": args.model,
+              "model_dir": str(model_dir), "cpu_class": cpu_class()}
+    record["result"] = run(config, args.passes, args.group_size, threads, args.repeats)
+    record["provenance"]["finished"] = provenance.now_iso()
+    out = args.out or RESULTS_ROOT / f"{time.strftime('%Y-%m-%d')}-kernel-paths-{model_dir.name}"
+    atomic_write_bytes(out / "kernel_paths.json", json.dumps(record, indent=2).encode())
+    for phase, by_path in record["result"]["summary"].items():
+        for path, s in sorted(by_path.items(), key=lambda kv: kv[1]["median_ms"]):
+            print(f"{phase:8} {path:10} {s['median_ms']:9.2f} ms  ({s['min_ms']:.2f}-{s['max_ms']:.2f})")
+    print(out / "kernel_paths.json")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What the pass modules share: figure records, the timed workloads, and ``main``.
+
+Every engine's pass measures decode, prefill and TTFT the same way, through its own
+``generate(prompt_tokens, max_tokens, purpose) -> request record`` (a dict with at least
+``seconds``, ``prompt_tokens`` and ``gen_tokens``). Keeping the arithmetic here is what
+makes figures from different engines comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
+WALL_ONE_TOKEN = "wall clock: one request with one token out"
+WARMUP_GEN_TOKENS = 8
+
+
+def figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
+    return {"value": value, "unit": unit, "better": better, "source": source}
+
+
+def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, Any]],
+                   problems: list[str]) -> tuple[list[dict], dict[str, dict], dict | None]:
+    """Run a decode / prefill / ttft workload: (requests, figures, the full decode request)."""
+    kind, label = workload["kind"], workload["label"]
+    requests, figures, full = [], {}, None
+    if workload.get("warmup"):
+        # Same prompt length; a few generated tokens exercise the decode shapes already.
+        gen = min(workload.get("gen_tokens", 1), WARMUP_GEN_TOKENS)
+        requests.append(generate(workload["prompt_tokens"], gen, f"{label} warm-up"))
+    if kind == "decode":
+        n_prompt, n_gen = workload["prompt_tokens"], workload["gen_tokens"]
+        full = generate(n_prompt, n_gen, f"{label} decode")
+        one = generate(n_prompt, 1, f"{label} prompt only")
+        requests += [full, one]
+        decode_seconds = full["seconds"] - one["seconds"]
+        if decode_seconds <= 0:
+            problems.append(f"{label}: {n_gen} tokens took no longer than 1 ({decode_seconds:.4f} s)")
+        else:
+            figures[label] = figure((full["gen_tokens"] - 1) / decode_seconds, "tok/s", "higher", WALL_DECODE)
+    elif kind in ("prefill", "ttft"):
+        one = generate(workload["prompt_tokens"], 1, label)
+        requests.append(one)
+        if kind == "prefill":
+            figures[label] = figure(one["prompt_tokens"] / one["seconds"], "tok/s", "higher", WALL_ONE_TOKEN)
+        else:
+            figures[label] = figure(one["seconds"] * 1000, "ms", "lower", WALL_ONE_TOKEN)
+    else:
+        raise ValueError(f"{kind!r} is not a timed workload")
+    return requests, figures, full
+
+
+def pass_main(run_pass: Callable[[dict], dict], description: str, argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--spec", required=True, type=Path, help="pass spec written by the runner")
+    parser.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+    result = run_pass(json.loads(args.spec.read_text()))
+    tmp = args.out.with_suffix(".partial")
+    tmp.write_text(json.dumps(result, indent=2, default=str))
+    tmp.replace(args.out)  # a result file exists only if it is complete
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit("run a pass module (pass_vllm, pass_llamacpp, pass_vllm_server), not this one")

@@ -1,0 +1,57 @@
+"""The report for llama.cpp passes: what ran, and decode against the bandwidth ceiling."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.edge_harness import report
+
+MIB = 1 << 20
+
+
+def llamacpp_record(arm="llama", status="ok", size=100 * MIB):
+    worker = {"llama_cpp_python": "0.3.36", "weight_buffer_types": ["CPU_Mapped", "CPU_REPACK"],
+              "settings": {"print_info.file type": "Q4_0"}, "n_threads": 2, "flash_attn": "auto",
+              "repacked_tensors": 210, "repack_layouts": ["q4_0_8x8"], "model_size_bytes": size}
+    return {"arm": arm, "status": status, "result": {"engine": "llamacpp", "versions": {"cpu_capability": "AVX2"}},
+            "evidence": {"workers": [worker]}}
+
+
+def vllm_record(arm="us", size=256 * MIB):
+    worker = {"compiled": True, "weights_bytes_by_dtype": {"torch.bfloat16": size}}
+    return {"arm": arm, "status": "ok", "result": {"engine": "vllm", "versions": {"cpu_capability": "AVX2"}},
+            "evidence": {"workers": [worker]}}
+
+
+def test_backend_of_a_llamacpp_pass_says_which_buffers_and_kernels_ran():
+    text = report.backend_of_pass(llamacpp_record())
+    assert text.startswith("llama.cpp 0.3.36 AVX2")
+    assert "weights CPU_Mapped+CPU_REPACK" in text and "Q4_0" in text and "2 threads" in text
+    assert "210 tensors repacked (q4_0_8x8)" in text
+    bare = llamacpp_record()
+    bare["evidence"] = {"workers": []}
+    assert report.backend_of_pass(bare) == "llama.cpp AVX2 (no evidence)"
+
+
+def test_weight_bytes_per_token_from_each_engines_evidence():
+    assert report.weight_bytes_per_token(llamacpp_record(size=123)) == 123
+    assert report.weight_bytes_per_token(vllm_record(size=456)) == 456
+    assert report.weight_bytes_per_token({"evidence": {"workers": []}}) is None
+
+
+def test_ceiling_table_only_with_a_bandwidth_artifact(tmp_path):
+    summary = {"arms": {
+        "us": {"tg128": {"median": 25.0, "unit": "tok/s"}, "tg128 (engine)": {"median": 26.0, "unit": "tok/s"},
+               "pp512": {"median": 900.0, "unit": "tok/s"}},
+        "llama": {"tg128": {"median": 100.0, "unit": "tok/s"}}}}
+    art = {"dir": tmp_path, "summary": summary, "passes": [vllm_record(size=250 * 10**6),
+                                                             llamacpp_record(size=100 * 10**6)]}
+    assert report._ceiling_table(art) == []
+    (tmp_path / report.BANDWIDTH_FILE).write_text(json.dumps(
+        {"threads": {"1": {"copy": {"median_gbps": 8.0}}, "2": {"copy": {"median_gbps": 10.0}}}}))
+    lines = report._ceiling_table(art)
+    assert "10.0 GB/s" in lines[0]
+    rows = [line for line in lines if line.startswith("| us") or line.startswith("| llama")]
+    assert len(rows) == 2  # decode only: not the engine-timed duplicate, not prefill
+    assert "| us | tg128 | 25.0 tok/s |" in rows[0] and "40.0 tok/s | 62% |" in rows[0]
+    assert "| llama | tg128 | 100.0 tok/s |" in rows[1] and "100.0 tok/s | 100% |" in rows[1]

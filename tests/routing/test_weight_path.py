@@ -1,0 +1,90 @@
+"""The router: table loading, ranking per phase, the generated table, and the kernel order it sets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vllm_omni_edge.routing import generate, weight_path
+from vllm_omni_edge.routing.weight_path import Row, decide
+
+
+def row(cpu_class, phase, path, ms, status="measured"):
+    return Row(cpu_class, phase, path, status, ms, ms, ms, "artifact.json" if status == "measured" else "why")
+
+
+def test_decode_ranking_picks_the_kernel_and_prefill_is_reported_separately():
+    rows = (row("x86-avx2", "decode", "int4pack", 40.0), row("x86-avx2", "decode", "dequant", 900.0),
+            row("x86-avx2", "decode", "dense", 30.0),
+            row("x86-avx2", "prefill", "dense", 1000.0), row("x86-avx2", "prefill", "int4pack", 3000.0))
+    d = decide("x86-avx2", rows)
+    # The dense copy is a second layout, not a kernel: never the layer's kernel.
+    assert d.decode_order == ("int4pack", "dequant") and d.status == "measured"
+    assert d.prefill_order == ("dense", "int4pack")
+    assert "3.00x faster on dense" in d.prefill_note and "LAYOUTS=two" in d.prefill_note
+
+
+def test_measured_rows_outrank_assumed_ones_and_unknown_classes_get_the_any_cpu_row():
+    rows = (row("x86-amx", "decode", "amx_w4a8", None, "assumed"), row("x86-amx", "decode", "int4pack", 5.0),
+            row("other", "decode", "dequant", None, "assumed"))
+    assert decide("x86-amx", rows).decode_order == ("int4pack",)
+    d = decide("riscv", rows)
+    assert d.decode_order == ("dequant",) and d.status == "assumed"
+
+
+def test_generated_table_keeps_the_newest_artifact_and_fills_unmeasured_classes(tmp_path):
+    def artifact(name, started, int4pack_ms):
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "provenance": {"started": started}, "model": "default", "cpu_class": "x86-avx2",
+            "result": {"threads": 1, "summary": {
+                "decode": {"int4pack": {"median_ms": int4pack_ms, "min_ms": 1, "max_ms": 2, "passes_ms": [1, 2, 3]},
+                           "dequant": {"median_ms": 500.0, "min_ms": 1, "max_ms": 2, "passes_ms": [1, 2, 3]}}}},
+        }))
+        return path
+
+    table = generate.build_table([artifact("new.json", "2026-11-30T12:00", 10.0),
+                                  artifact("old.json", "2026-11-29T12:00", 99.0)])
+    mine = [r for r in table["rows"] if r["cpu_class"] == "x86-avx2"]
+    assert {r["path"]: r["median_ms"] for r in mine} == {"int4pack": 10.0, "dequant": 500.0}
+    assert all(r["status"] == "measured" and "new.json" in r["source"] for r in mine)
+    amx = [r for r in table["rows"] if r["cpu_class"] == "x86-amx"]
+    assert amx and all(r["status"] == "assumed" and "field-notes" in r["source"] for r in amx)
+    rows = tuple(Row(**r) for r in table["rows"])
+    assert decide("x86-avx2", rows).decode_order == ("int4pack", "dequant")
+
+
+def test_a_broken_table_is_a_clear_error(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text("{not json")
+    with pytest.raises(weight_path.RoutingTableError, match="unreadable"):
+        weight_path.load_table(bad)
+
+
+def test_shipped_table_is_generated_from_committed_artifacts():
+    from pathlib import Path
+
+    table = json.loads(weight_path.TABLE_PATH.read_text())
+    assert table["generated_by"].startswith("python -m vllm_omni_edge.routing.generate")
+    root = Path(generate.__file__).resolve().parents[2]
+    for r in table["rows"]:
+        if r["status"] == "measured":
+            relative = r["source"].split(" (")[0]
+            assert not relative.startswith("/"), f"{relative}: not an artifact in the repository"
+            artifact = root / relative
+            assert artifact.is_file(), f"{r['source']} is not a committed artifact"
+
+
+def test_choose_kernel_follows_the_router_order(monkeypatch):
+    from vllm_omni_edge.quantization import kernels
+    from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
+
+    features = CpuFeatures(capability="AVX2", amx=False, vllm_w4a8_op=False)
+    monkeypatch.setattr(kernels, "routed_order", lambda: ("dequant", "int4pack"))
+    monkeypatch.setattr(kernels, "route_summary", lambda: "test route")
+    chosen, reason = choose_kernel(features, 32, 256, 64, torch.bfloat16, float_zero=True)
+    assert chosen.name == "dequant" and "router: test route" in reason
+    monkeypatch.setattr(kernels, "routed_order", lambda: ("int4pack", "dequant"))
+    assert choose_kernel(features, 32, 256, 64, torch.bfloat16, float_zero=True)[0].name == "int4pack"

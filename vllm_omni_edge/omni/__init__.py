@@ -1,0 +1,1 @@
+"""vLLM-Omni helpers: tiny checkpoints of multi-stage architectures for tests and the harness."""

@@ -1,0 +1,1 @@
+"""vLLM-Omni's CPU platform: entry-point probe, platform class, stage workers, diffusion attention."""

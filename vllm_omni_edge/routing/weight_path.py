@@ -1,0 +1,102 @@
+"""Pick the cpu_int4 path per CPU class and phase from the measured table.
+
+The table (``measured_paths.json`` beside this file) is generated from harness
+artifacts by ``python -m vllm_omni_edge.routing.generate`` (never typed by hand):
+each row is one path's time for one phase on one CPU class, with the artifact it
+came from. CPU classes this project could not measure carry "assumed" rows that
+say where the assumption comes from.
+
+A layer keeps one packed layout, so the kernel that runs it is the one ranked
+fastest for **decode** (one token at a time is the edge workload). The prefill
+ranking is reported too: where a dense copy (the second layout,
+``VLLM_OMNI_EDGE_INT4_LAYOUTS=two``) or another kernel would prefill faster, the
+decision says by how much, so the memory-for-prefill trade is the user's, with the
+number in hand. ``VLLM_OMNI_EDGE_INT4_KERNEL`` overrides the router.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TABLE_PATH = Path(__file__).with_name("measured_paths.json")
+DENSE = "dense"  # the second layout: F.linear on a dense copy
+PHASES = ("decode", "prefill")
+
+
+class RoutingTableError(ValueError):
+    """The shipped table is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class Row:
+    cpu_class: str
+    phase: str
+    path: str
+    status: str  # "measured" | "assumed"
+    median_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    source: str  # the artifact (measured) or the reason (assumed)
+
+
+@dataclass(frozen=True)
+class Decision:
+    cpu_class: str
+    decode_order: tuple[str, ...]
+    prefill_order: tuple[str, ...]
+    status: str
+    source: str
+    prefill_note: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@functools.cache
+def load_table(path: Path = TABLE_PATH) -> tuple[Row, ...]:
+    try:
+        data = json.loads(Path(path).read_text())
+        return tuple(Row(**row) for row in data["rows"])
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise RoutingTableError(f"routing table {path} is unreadable: {exc}") from exc
+
+
+def ranked(rows: tuple[Row, ...], cpu_class: str, phase: str) -> list[Row]:
+    """This class's rows for one phase, fastest first; measured rows outrank assumed ones."""
+    mine = [r for r in rows if r.cpu_class == cpu_class and r.phase == phase]
+    measured = sorted((r for r in mine if r.status == "measured"), key=lambda r: r.median_ms)
+    return measured or [r for r in mine if r.status == "assumed"]
+
+
+def decide(cpu_class: str, rows: tuple[Row, ...] | None = None) -> Decision:
+    rows = load_table() if rows is None else rows
+    decode, prefill = ranked(rows, cpu_class, "decode"), ranked(rows, cpu_class, "prefill")
+    if not decode:
+        decode = prefill = ranked(rows, "other", "decode")  # unknown class: the any-CPU row
+    kernels = [r for r in decode if r.path != DENSE]
+    status = kernels[0].status if kernels else "assumed"
+    note = ""
+    if prefill and kernels and prefill[0].path != kernels[0].path and prefill[0].median_ms and status == "measured":
+        chosen = next((r for r in prefill if r.path == kernels[0].path), None)
+        if chosen is not None and chosen.median_ms:
+            note = (f"prefill would run {chosen.median_ms / prefill[0].median_ms:.2f}x faster on "
+                    f"{prefill[0].path}" + (" (VLLM_OMNI_EDGE_INT4_LAYOUTS=two keeps that copy)"
+                                            if prefill[0].path == DENSE else ""))
+    return Decision(
+        cpu_class=cpu_class,
+        decode_order=tuple(r.path for r in kernels),
+        prefill_order=tuple(r.path for r in prefill),
+        status=status,
+        source=kernels[0].source if kernels else "no row",
+        prefill_note=note,
+    )
+
+
+@functools.cache
+def decision_for_this_cpu() -> Decision:
+    from vllm_omni_edge.cpu_features import cpu_class
+
+    return decide(cpu_class())
