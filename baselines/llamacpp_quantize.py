@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import os
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+
+from vllm_omni_edge.models.default_model import sha256_of
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # llama.cpp ftype for each output type (llama.h: enum llama_ftype).
@@ -44,14 +45,6 @@ TOKENIZER_CHECK_TEXT = ("The quick brown fox jumps over the lazy dog. 1234567 to
 
 class ConversionError(ValueError):
     """The checkpoint cannot be converted, or the result would not mean the same as its source."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _partial(path: Path) -> Path:

@@ -30,16 +30,15 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import vllm_env
+from tests.e2e.test_server import start_server
 from vllm_omni_edge.atomic import atomic_write_bytes
-from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess, free_port
+from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess
 from vllm_omni_edge.cli.request_guard import DEFAULT_MAX_REQUEST_BYTES
 from vllm_omni_edge.patches.frontend.api_key_all_routes import OPEN_PATHS
 
 pytestmark = pytest.mark.e2e
 
 MAX_MODEL_LEN = 512
-SERVER_ARGS = ["--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MODEL_LEN),
-               "--kv-cache-memory-bytes", "192M", "--enforce-eager"]
 CLI_KEY = "edge-cli-key-5c1e9a"
 ENV_KEY = "edge-env-key-b7d204"
 # Bounds that turn a hang into a failure; they are not performance claims.
@@ -55,20 +54,6 @@ def findings_artifact():
     if out:
         FINDINGS["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         atomic_write_bytes(Path(out), json.dumps(FINDINGS, indent=2).encode())
-
-
-def start_server(model, log_dir: Path, name: str, extra=(), **env) -> ServerProcess:
-    evidence = log_dir / f"{name}-evidence"
-    server = ServerProcess(str(model), free_port(), [*SERVER_ARGS, *extra],
-                           log_dir / f"{name}.log",
-                           env=vllm_env(VLLM_OMNI_EDGE_EVIDENCE_DIR=str(evidence), **env))
-    server.evidence_dir = evidence
-    try:
-        server.wait_ready(600)
-    except Exception:
-        server.stop()
-        raise
-    return server
 
 
 def log_text(server: ServerProcess) -> str:

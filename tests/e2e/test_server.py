@@ -20,9 +20,12 @@ SERVER_ARGS = ["--served-model-name", SERVED_NAME, "--max-model-len", str(MAX_MO
                "--kv-cache-memory-bytes", "192M", "--enforce-eager"]
 
 
-def start_server(model, tmp_path, name):
-    server = ServerProcess(str(model), free_port(), SERVER_ARGS, tmp_path / f"{name}.log",
-                           env=vllm_env())
+def start_server(model, log_dir, name, extra=(), **env):
+    """A server on a free port with evidence in ``log_dir/<name>-evidence``; ready or stopped."""
+    evidence = log_dir / f"{name}-evidence"
+    server = ServerProcess(str(model), free_port(), [*SERVER_ARGS, *extra], log_dir / f"{name}.log",
+                           env=vllm_env(VLLM_OMNI_EDGE_EVIDENCE_DIR=str(evidence), **env))
+    server.evidence_dir = evidence
     try:
         server.wait_ready(600)
     except Exception:

@@ -54,11 +54,16 @@ def test_transformers_qwen2_vl_image_processor_runs_on_torchvision():
 
 
 def test_install_is_idempotent_and_a_no_op_once_torchvision_is_imported(monkeypatch):
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not hasattr(f, "_vllm_omni_edge_torchvision_native_ops")])
+    from vllm_omni_edge.patches import import_hook
+
+    monkeypatch.setattr(import_hook, "_before", {})
+    monkeypatch.setattr(torchvision_native_ops, "_installed", False)
     monkeypatch.delitem(sys.modules, "torchvision._meta_registrations", raising=False)
-    assert torchvision_native_ops.install() == "finder installed"
-    assert torchvision_native_ops.install() == "finder already installed"
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not hasattr(f, "_vllm_omni_edge_torchvision_native_ops")])
+    assert torchvision_native_ops.install() == "hook installed"
+    assert list(import_hook._before) == ["torchvision._meta_registrations"]
+    assert torchvision_native_ops.install() == "hook already installed"
+    assert len(import_hook._before["torchvision._meta_registrations"]) == 1
+    monkeypatch.setattr(torchvision_native_ops, "_installed", False)
     monkeypatch.setitem(sys.modules, "torchvision._meta_registrations", object())
     assert "already imported" in torchvision_native_ops.install()
 
@@ -67,8 +72,8 @@ def test_without_the_shim_pypis_torchvision_does_not_import():
     """Guards the patch's reason: if this starts passing, remove the patch."""
     pytest.importorskip("torchvision", reason="torchvision is installed by scripts/setup.sh")
     code = (
-        "import sys\n"
-        "sys.meta_path[:] = [f for f in sys.meta_path if not hasattr(f, '_vllm_omni_edge_torchvision_native_ops')]\n"
+        "from vllm_omni_edge.patches import import_hook\n"
+        "import_hook._before.clear()  # the .pth installed the hook; take it away\n"
         "import torchvision\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

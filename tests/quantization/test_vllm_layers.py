@@ -17,7 +17,7 @@ BF16 = torch.bfloat16
 
 def quantized(weight):
     """The stored triple for a weight and the exact weights it stands for."""
-    triple = int4.quantize(weight, int4.group_size_for(weight.shape[1], 128))
+    triple = int4.quantize(weight, int4.group_size_for(weight.shape[1], int4.DEFAULT_GROUP_SIZE))
     return triple, int4.dequantize(*triple)
 
 
@@ -75,7 +75,7 @@ def test_qkv_and_gate_up_shards_load_and_match(vllm_single_process):
 
     from vllm_omni_edge.quantization.config import CpuInt4Config
 
-    cfg = CpuInt4Config(group_size=128, prequantized=True)
+    cfg = CpuInt4Config(group_size=int4.DEFAULT_GROUP_SIZE, prequantized=True)
     torch.manual_seed(0)
     qkv = QKVParallelLinear(576, 64, 9, 3, bias=False, params_dtype=BF16, quant_config=cfg,
                             prefix="model.layers.0.self_attn.qkv_proj")
@@ -217,7 +217,7 @@ def test_prequantized_head_loads_through_vocab_loader_with_padding(vllm_single_p
     from vllm_omni_edge.quantization.config import CpuInt4Config
 
     head = ParallelLMHead(300, 128, params_dtype=BF16, prefix="lm_head",
-                          quant_config=CpuInt4Config(group_size=128, prequantized=True))
+                          quant_config=CpuInt4Config(group_size=int4.DEFAULT_GROUP_SIZE, prequantized=True))
     assert head.qweight.shape == (320, 64)  # vocab padded to 64
     (triple, exact) = quantized(torch.randn(300, 128) * 0.05)
     load_prequantized(head, {None: triple})

@@ -82,9 +82,17 @@ def test_choose_kernel_follows_the_router_order(monkeypatch):
     from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
 
     features = CpuFeatures(capability="AVX2", amx=False, vllm_w4a8_op=False)
-    monkeypatch.setattr(kernels, "routed_order", lambda: ("dequant", "int4pack"))
-    monkeypatch.setattr(kernels, "route_summary", lambda: "test route")
+    monkeypatch.setattr(kernels, "routed_order", lambda _features: ("dequant", "int4pack"))
+    monkeypatch.setattr(kernels, "route_summary", lambda _features: "test route")
     chosen, reason = choose_kernel(features, 32, 256, 64, torch.bfloat16, float_zero=True)
     assert chosen.name == "dequant" and "router: test route" in reason
-    monkeypatch.setattr(kernels, "routed_order", lambda: ("int4pack", "dequant"))
+    monkeypatch.setattr(kernels, "routed_order", lambda _features: ("int4pack", "dequant"))
     assert choose_kernel(features, 32, 256, 64, torch.bfloat16, float_zero=True)[0].name == "int4pack"
+
+
+def test_the_route_follows_the_features_class_not_only_this_machine():
+    from vllm_omni_edge.quantization.kernels import CpuFeatures, routing_class
+
+    assert routing_class(CpuFeatures("AVX512", amx=True, vllm_w4a8_op=True)) == "x86-amx"
+    assert routing_class(CpuFeatures("AVX2", amx=False, vllm_w4a8_op=False)) == "x86-avx2"
+    assert routing_class(CpuFeatures("DEFAULT", amx=False, vllm_w4a8_op=False)) == "other"

@@ -29,11 +29,11 @@ guards those two ``register_fake`` calls with ``_has_ops()``).
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import threading
 
 from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import before_imported
 
 RECORD = PatchRecord(
     name="torchvision_native_ops",
@@ -88,44 +88,20 @@ def _op_exists(op: str) -> bool:
     return True
 
 
-class _BeforeMetaRegistrationsFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the real loader so the schemas exist before it runs."""
-
-    _vllm_omni_edge_torchvision_native_ops = True
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _WATCHED:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        original_exec = loader.exec_module
-
-        def exec_module(module):
-            declare_missing_schemas()
-            original_exec(module)
-
-        loader.exec_module = exec_module
-        return spec
+_installed = False
 
 
 def install() -> str:
-    """Put the finder first on ``sys.meta_path`` once per interpreter; cheap, imports nothing."""
+    """Declare the schemas just before torchvision's fake registrations run; cheap, imports nothing."""
+    global _installed
     with _lock:
-        if any(getattr(f, "_vllm_omni_edge_torchvision_native_ops", False) for f in sys.meta_path):
-            return "finder already installed"
+        if _installed:
+            return "hook already installed"
         if _WATCHED in sys.modules:
             return "torchvision already imported; nothing to do"
-        sys.meta_path.insert(0, _BeforeMetaRegistrationsFinder())
-    return "finder installed"
+        before_imported(_WATCHED, lambda _module: declare_missing_schemas())
+        _installed = True
+    return "hook installed"
 
 
 def apply() -> str:

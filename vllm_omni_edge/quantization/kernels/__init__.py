@@ -67,11 +67,11 @@ def choose_kernel(
             raise KernelUnavailableError(f"{KERNEL_ENV}={forced} cannot run {what}: {reason}")
         return KERNELS[forced], f"forced by {KERNEL_ENV}"
     passed_over = []
-    route = routed_order()
+    route = routed_order(features)
     for kernel in sorted(PREFERENCE, key=lambda k: route.index(k.name) if k.name in route else len(route)):
         ok, reason = kernel.can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
         if ok:
-            reason += f" [router: {route_summary()}]"
+            reason += f" [router: {route_summary(features)}]"
             if passed_over:
                 reason += f" [not {'; '.join(passed_over)}]"
             return kernel, reason
@@ -79,16 +79,30 @@ def choose_kernel(
     raise KernelUnavailableError(f"no cpu_int4 kernel can run {what}: {'; '.join(passed_over)}")
 
 
-def routed_order() -> tuple[str, ...]:
+def routing_class(features: CpuFeatures) -> str:
+    """The routing table's CPU class for these features (the detected CPU's own class if it matches)."""
+    from vllm_omni_edge.cpu_features import cpu_class
+
+    if features.amx:
+        return "x86-amx"
+    if features.capability.startswith("AVX512"):
+        here = cpu_class()
+        return here if here.startswith("x86-avx512") else "x86-avx512"
+    if features.capability == "AVX2":
+        return "x86-avx2"
+    return "other"
+
+
+def routed_order(features: CpuFeatures) -> tuple[str, ...]:
     """Kernel names, fastest first for decode on this CPU class (routing table)."""
-    from vllm_omni_edge.routing.weight_path import decision_for_this_cpu
+    from vllm_omni_edge.routing.weight_path import decide
 
-    return decision_for_this_cpu().decode_order
+    return decide(routing_class(features)).decode_order
 
 
-def route_summary() -> str:
-    from vllm_omni_edge.routing.weight_path import decision_for_this_cpu
+def route_summary(features: CpuFeatures) -> str:
+    from vllm_omni_edge.routing.weight_path import decide
 
-    d = decision_for_this_cpu()
+    d = decide(routing_class(features))
     note = f"; {d.prefill_note}" if d.prefill_note else ""
     return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"
