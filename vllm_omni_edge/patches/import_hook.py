@@ -64,10 +64,7 @@ def when_imported(module_name: str, callback: Callable[[ModuleType], None]) -> b
     if module is not None:
         callback(module)
         return True
-    with _lock:
-        _callbacks.setdefault(module_name, []).append(callback)
-        if _finder not in sys.meta_path:
-            sys.meta_path.insert(0, _finder)
+    _register(_callbacks, module_name, callback)
     return False
 
 
@@ -78,8 +75,12 @@ def before_imported(module_name: str, callback: Callable[[ModuleType], None]) ->
     """
     if module_name in sys.modules:
         return False
+    _register(_before, module_name, callback)
+    return True
+
+
+def _register(table: dict, module_name: str, callback: Callable[[ModuleType], None]) -> None:
     with _lock:
-        _before.setdefault(module_name, []).append(callback)
+        table.setdefault(module_name, []).append(callback)
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-    return True

@@ -96,7 +96,12 @@ def decide(cpu_class: str, rows: tuple[Row, ...] | None = None) -> Decision:
 
 
 @functools.cache
-def decision_for_this_cpu() -> Decision:
-    from vllm_omni_edge.cpu_features import cpu_class
+def decision_for(cpu_class: str) -> Decision:
+    """``decide`` on the shipped table, once per class (every layer asks)."""
+    return decide(cpu_class)
 
-    return decide(cpu_class())
+
+def decision_for_this_cpu() -> Decision:
+    from vllm_omni_edge.quantization.kernels import CpuFeatures, routing_class
+
+    return decision_for(routing_class(CpuFeatures.detect()))

@@ -95,14 +95,14 @@ def routing_class(features: CpuFeatures) -> str:
 
 def routed_order(features: CpuFeatures) -> tuple[str, ...]:
     """Kernel names, fastest first for decode on this CPU class (routing table)."""
-    from vllm_omni_edge.routing.weight_path import decide
+    from vllm_omni_edge.routing.weight_path import decision_for
 
-    return decide(routing_class(features)).decode_order
+    return decision_for(routing_class(features)).decode_order
 
 
 def route_summary(features: CpuFeatures) -> str:
-    from vllm_omni_edge.routing.weight_path import decide
+    from vllm_omni_edge.routing.weight_path import decision_for
 
-    d = decide(routing_class(features))
+    d = decision_for(routing_class(features))
     note = f"; {d.prefill_note}" if d.prefill_note else ""
     return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"
