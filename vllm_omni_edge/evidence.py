@@ -73,6 +73,7 @@ def _unique_storage_bytes(tensors) -> int:
 def collect_worker_evidence(worker) -> dict:
     import torch
     import vllm
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     from vllm_omni_edge.cpu_features import cpu_flags
 
@@ -101,6 +102,13 @@ def collect_worker_evidence(worker) -> dict:
     for tensor in _unique_tensors(model):
         weights[str(tensor.dtype).removeprefix("torch.")] += tensor.untyped_storage().nbytes()
 
+    # vLLM's CPU GEMM dispatch leaves ``cpu_linear`` on each layer it prepacked for.
+    embeddings_prepacked = sorted(
+        name for name, m in model.named_modules()
+        if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+        and hasattr(m, "cpu_linear")
+    )
+
     # CPU_ATTN stamps the ISA it chose (amx / vec / vec16 ...) on each attention layer.
     attention_isa = sorted({str(m.isa) for m in model.modules() if hasattr(m, "isa")})
 
@@ -114,6 +122,8 @@ def collect_worker_evidence(worker) -> dict:
         "max_model_len": worker.model_config.max_model_len,
         "rope": rope,
         "weights_bytes_by_dtype": dict(weights),
+        "embeddings_prepacked": len(embeddings_prepacked),
+        "embeddings_prepacked_names": embeddings_prepacked,
         "quantization": worker.model_config.quantization,
         "cpu_int4_kernels": _cpu_int4_kernel_counts(),
         "cpu_int4_routing": _cpu_int4_routing(),

@@ -71,7 +71,7 @@ def summary() -> str:
     counts = kernel_counts()
     with _lock:
         reasons = sorted({f"{c.kernel}: {c.reason}" for c in _choices.values()})
-    layers = sum(v for k, v in counts.items() if k != "fallback")
+    layers = sum(v for k, v in counts.items() if ":" in k)  # not the two totals
     return f"{layers} layers, kernels {counts}; reasons: {' | '.join(reasons)}"
 
 
