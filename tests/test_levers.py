@@ -151,3 +151,43 @@ def test_input_embedding_is_not_prepacked_but_the_head_is(monkeypatch):
     assert hasattr(head, "cpu_linear")  # the head still gets its matmul kernel
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     torch.testing.assert_close(head.cpu_linear(x, head.weight, None), x @ head.weight.t())
+
+
+HEAP_HOLE = """
+import json
+from vllm_omni_edge.levers.heap import trim_heap
+# 64 MiB of 4 KiB blocks from malloc's heap (above pymalloc's 512 B, below the mmap
+# threshold); the last block stays alive, so the freed ones sit below the heap top
+# and free() alone cannot give them back.
+blocks = [bytearray(4096) for _ in range(16384)]
+keep = blocks[-1]
+del blocks
+print(json.dumps(trim_heap()))
+"""
+
+
+def test_heap_trim_returns_freed_heap_to_the_os():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", HEAP_HOLE], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["trimmed"] is True
+    assert result["released_bytes"] > 48 << 20, result
+
+
+def test_heap_trim_says_why_it_skips_off_glibc(monkeypatch):
+    from vllm_omni_edge.levers import heap, heap_trim_enabled
+
+    monkeypatch.setattr(heap.platform, "libc_ver", lambda: ("musl", "1.2"))
+    heap._libc.cache_clear()
+    try:
+        assert heap.trim_heap() == {"trimmed": False, "reason": "libc is musl, not glibc"}
+    finally:
+        heap._libc.cache_clear()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_HEAP_TRIM", "0")
+    assert heap_trim_enabled() is False
+    monkeypatch.setenv("VLLM_OMNI_EDGE_HEAP_TRIM", "yes")
+    with pytest.raises(LeverFlagError):
+        heap_trim_enabled()

@@ -122,6 +122,7 @@ def collect_worker_evidence(worker) -> dict:
         "max_model_len": worker.model_config.max_model_len,
         "rope": rope,
         "weights_bytes_by_dtype": dict(weights),
+        "heap_trim": _heap_trim(),
         "embeddings_prepacked": len(embeddings_prepacked),
         "embeddings_prepacked_names": embeddings_prepacked,
         "quantization": worker.model_config.quantization,
@@ -141,6 +142,13 @@ def collect_worker_evidence(worker) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
     }
+
+
+def _heap_trim() -> dict | None:
+    """What the post-load heap trim returned in this process (None if it did not run)."""
+    from vllm_omni_edge.patches.worker import heap_trim
+
+    return heap_trim.last_trim
 
 
 def _cpu_int4_kernel_counts() -> dict[str, int]:

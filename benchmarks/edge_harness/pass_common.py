@@ -17,10 +17,30 @@ from typing import Any, Callable
 WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
 WALL_ONE_TOKEN = "wall clock: one request with one token out"
 WARMUP_GEN_TOKENS = 8
+WALL_COLD_START = "wall clock: pass process creation (psutil) to first token returned"
 
 
 def figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
     return {"value": value, "unit": unit, "better": better, "source": source}
+
+
+def start_up_figures(timings: dict[str, float], load_name: str, load_s: float, load_source: str
+                     ) -> dict[str, dict[str, Any]]:
+    """The ``cold_start`` workload's figures: process start to first token, and the engine's load."""
+    return {"cold_start": figure(timings["process_start_to_first_token_s"], "s", "lower", WALL_COLD_START),
+            load_name: figure(load_s, "s", "lower", load_source)}
+
+
+def run_workloads(workloads: list[dict[str, Any]], run_one: Callable[[dict[str, Any]], dict[str, Any]],
+                  start_up: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each workload's result, in order; ``cold_start`` reports the pass's start-up figures."""
+    results = []
+    for workload in workloads:
+        result = run_one(workload)
+        if workload["kind"] == "cold_start":
+            result["figures"] = start_up
+        results.append(result)
+    return results
 
 
 def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, Any]],

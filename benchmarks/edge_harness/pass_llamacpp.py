@@ -27,6 +27,7 @@ from typing import Any
 
 from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.pass_common import figure as _figure
+from benchmarks.edge_harness.pass_common import run_workloads, start_up_figures
 from benchmarks.edge_harness.pass_common import pass_main, timed_workload
 from benchmarks.edge_harness.prompts import FIXED_TEXT, PromptBank
 
@@ -196,16 +197,9 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         "engine_constructor_s": load_s,
         "first_request_s": first["seconds"],
     }
-    workloads = []
-    for workload in spec["workloads"]:
-        result = runner.run(workload, spec.get("fidelity") or {})
-        if workload["kind"] == "cold_start":
-            result["figures"] = {
-                "cold_start": _figure(timings["process_start_to_first_token_s"], "s", "lower",
-                                      "wall clock: process creation (psutil) to first token returned"),
-                "load": _figure(load_s, "s", "lower", "wall clock: llama.cpp model load + context creation"),
-            }
-        workloads.append(result)
+    workloads = run_workloads(spec["workloads"], lambda w: runner.run(w, spec.get("fidelity") or {}),
+                              start_up_figures(timings, "load", load_s,
+                                               "wall clock: llama.cpp model load + context creation"))
     pass_events.emit(events, pass_events.WORKLOADS_DONE)
 
     evidence = {**engine.evidence(), "tokenizer": tokens}  # the log may have grown (e.g. graph reserves)

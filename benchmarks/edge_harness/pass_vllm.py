@@ -21,6 +21,7 @@ from typing import Any
 
 from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.pass_common import figure as _figure
+from benchmarks.edge_harness.pass_common import run_workloads, start_up_figures
 from benchmarks.edge_harness.pass_common import pass_main, timed_workload
 from benchmarks.edge_harness.prompts import PromptBank
 
@@ -176,16 +177,8 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         "first_request_s": first["seconds"],
     }
 
-    workloads = []
-    for workload in spec["workloads"]:
-        result = runner.run(workload)
-        if workload["kind"] == "cold_start":
-            result["figures"] = {
-                "cold_start": _figure(timings["process_start_to_first_token_s"], "s", "lower",
-                                      "wall clock: process creation (psutil) to first token returned"),
-                "load": _figure(load_s, "s", "lower", "wall clock: vllm.LLM(...) constructor"),
-            }
-        workloads.append(result)
+    workloads = run_workloads(spec["workloads"], runner.run,
+                              start_up_figures(timings, "load", load_s, "wall clock: vllm.LLM(...) constructor"))
     pass_events.emit(events, pass_events.WORKLOADS_DONE)
 
     return {

@@ -17,7 +17,6 @@ It never imports vllm (the plugin would then claim it as a vLLM front end).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -30,6 +29,8 @@ from typing import Any
 from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.grid import EVIDENCE_ENV
 from benchmarks.edge_harness.ledger import HARNESS_CLIENT
+from benchmarks.edge_harness.pass_common import figure as _figure
+from benchmarks.edge_harness.pass_common import pass_main, run_workloads, start_up_figures
 
 SERVED_NAME = "edge-harness-model"
 READY_TIMEOUT_S = 900.0  # the runner's pass timeout is the real limit
@@ -44,10 +45,6 @@ STREAM_PREFILL = "stream: prompt tokens / time to first streamed token, one requ
 
 class ServerDied(RuntimeError):
     """The server exited before the pass stopped it."""
-
-
-def _figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
-    return {"value": value, "unit": unit, "better": better, "source": source}
 
 
 def write_client_evidence() -> None:
@@ -260,18 +257,14 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         from benchmarks.edge_harness.prompts import PromptBank
 
         client.bank = PromptBank.from_tokenizer(AutoTokenizer.from_pretrained(spec["model"]))
-        workloads = []
-        for workload in spec["workloads"]:
+        def run_and_check(workload):
             result = client.run(workload)
-            if workload["kind"] == "cold_start":
-                result["figures"] = {
-                    "cold_start": _figure(timings["process_start_to_first_token_s"], "s", "lower",
-                                          "wall clock: pass process creation (psutil) to first streamed token"),
-                    "server ready": _figure(ready_s, "s", "lower",
-                                            "wall clock: server process spawned to /health answering 200"),
-                }
-            workloads.append(result)
             client.check_alive()
+            return result
+
+        workloads = run_workloads(spec["workloads"], run_and_check,
+                                  start_up_figures(timings, "server ready", ready_s,
+                                                   "wall clock: server process spawned to /health answering 200"))
         pass_events.emit(events, pass_events.WORKLOADS_DONE)
     finally:
         died = server.proc.poll()
@@ -298,16 +291,7 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, type=Path, help="pass spec written by the runner")
-    parser.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
-    args = parser.parse_args(argv)
-    spec = json.loads(args.spec.read_text())
-    result = run_pass(spec)
-    tmp = args.out.with_suffix(".partial")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(args.out)  # a result file exists only if it is complete
-    return 0
+    return pass_main(run_pass, __doc__.splitlines()[0], argv)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,9 @@ def test_a_clean_grid_writes_every_artifact_and_summarises(tmp_path, fake_engine
     assert roles["worker"]["role_source"] == "evidence"
     # The worker's 48 MiB is in the tree's steady PSS, and not in the front end's.
     assert roles["worker"]["steady"]["pss_anon"] >= 48 * MIB
-    assert first["ledger"]["tree"]["steady"]["pss"] >= roles["worker"]["steady"]["pss"] + roles["frontend"]["steady"]["pss"]
+    # Tree and per-process steady figures are medians over samples, so they agree to a page or two.
+    both = roles["worker"]["steady"]["pss"] + roles["frontend"]["steady"]["pss"]
+    assert first["ledger"]["tree"]["steady"]["pss"] >= both - MIB
     assert summary["arms"]["a"]["worker PSS steady"]["median"] > summary["arms"]["b"]["worker PSS steady"]["median"]
 
 

@@ -11,6 +11,7 @@ inherit the front end's environment).
 | oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
 | cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/int4pack.py |
+| heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
@@ -27,6 +28,7 @@ EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
+HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 
 
 class LeverFlagError(ValueError):
@@ -58,6 +60,10 @@ def int4_layerwise_load() -> bool:
 
 def int4_dense_prefill_copy() -> bool:
     return _choice(INT4_LAYOUTS_ENV, ("one", "two"), "one") == "two"
+
+
+def heap_trim_enabled() -> bool:
+    return _choice(HEAP_TRIM_ENV, ("1", "0"), "1") == "1"
 
 
 def worker_in_engine_enabled() -> bool:

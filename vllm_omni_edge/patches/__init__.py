@@ -19,6 +19,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
+    "vllm_omni_edge.patches.worker.heap_trim",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.common.torchvision_native_ops",
     "vllm_omni_edge.patches.worker.qwen2_5_omni_voice_type",

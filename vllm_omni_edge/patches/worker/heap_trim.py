@@ -1,0 +1,61 @@
+"""Give the heap that loading freed back to the OS once the model is loaded.
+
+What: wraps ``CPUWorker.load_model`` to run ``gc.collect()`` and glibc's
+``malloc_trim(0)`` after the weights are loaded, quantized and repacked, and records
+how much anonymous memory that returned (``/proc/self/status`` RssAnon before and
+after) for the worker evidence (``heap_trim``).
+Why: loading allocates and frees large temporaries (bf16 weights before cpu_int4
+quantization, the int32 staging of the repack, safetensors reads). glibc raises its
+mmap threshold after the first large free, so later temporaries come from the heap,
+and freed heap stays resident until something trims it: memory that nothing reads.
+Flag: ``VLLM_OMNI_EDGE_HEAP_TRIM=0`` skips it (the lever's A/B arm).
+Verified by: tests/test_levers.py (the trim runs, returns what a freed heap block
+held, and is skipped with a reason off glibc); the worker evidence ``heap_trim`` in the
+levers grids.
+Remove when: vLLM trims the heap after loading on CPU (not as of 0.30.0).
+"""
+
+from __future__ import annotations
+
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.import_hook import when_imported
+
+TARGET_MODULE = "vllm.v1.worker.cpu_worker"
+
+RECORD = PatchRecord(
+    name="heap_trim",
+    target="vllm.v1.worker.cpu_worker.CPUWorker.load_model",
+    process=Process.WORKER,
+    why="Heap freed by load-time temporaries stays resident in glibc's arenas; malloc_trim returns it.",
+    verified_by="tests/test_levers.py (trim returns a freed block; skipped off glibc); heap_trim in worker evidence.",
+    remove_when="vLLM trims the heap after loading on CPU.",
+)
+
+# What the last trim in this process did; read by vllm_omni_edge.evidence.
+last_trim: dict | None = None
+
+
+def apply() -> str:
+    from vllm_omni_edge.levers import heap_trim_enabled
+
+    if not heap_trim_enabled():
+        return "VLLM_OMNI_EDGE_HEAP_TRIM=0: freed heap left to glibc"
+    now = when_imported(TARGET_MODULE, _wrap)
+    return "CPUWorker.load_model trims the heap afterwards" + ("" if now else " (on import)")
+
+
+def _wrap(module) -> None:
+    def make(original):
+        def load_model(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            global last_trim
+            from vllm_omni_edge.levers.heap import trim_heap
+            from vllm_omni_edge.log import get_logger
+
+            last_trim = trim_heap()
+            get_logger("heap_trim").info("after loading: %s", last_trim)
+            return result
+
+        return load_model
+
+    wrap_method_once(module.CPUWorker, "load_model", make)
