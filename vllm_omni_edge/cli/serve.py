@@ -5,17 +5,23 @@ Defaults differ from ``vllm serve`` only where an edge box needs it: bind to
 named, refuse bad request bodies before vLLM parses them (``request_guard``), fail in
 one line when the port is taken, and exit non-zero when the engine dies (so a
 supervisor restarts the server). Every other argument goes to vLLM unchanged.
+
+``--single-process`` (ours, not vLLM's) runs the engine core and the model on a
+thread of the API-server process instead of two child processes
+(``VLLM_OMNI_EDGE_SINGLE_PROCESS=1``; patches/frontend/single_process.py).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
 from pathlib import Path
 
 VLLM_DEFAULT_PORT = 8000
 REQUEST_GUARD = "vllm_omni_edge.cli.request_guard.RequestGuard"
+SINGLE_PROCESS_FLAG = "--single-process"
 
 
 class ModelNotFoundError(SystemExit):
@@ -154,11 +160,31 @@ def _asks_for_help(args: list[str]) -> bool:
     return any(a in ("-h", "--help") or a.startswith("--help=") for a in args)
 
 
+def take_single_process_flag(args: list[str]) -> tuple[list[str], bool]:
+    """``args`` without ``--single-process``, and whether it was given."""
+    kept = [a for a in args if a != SINGLE_PROCESS_FLAG]
+    return kept, len(kept) != len(args)
+
+
+def _select_process_layout(single_process: bool) -> None:
+    """Set the layout flag before vLLM is imported; refuse a contradictory pair of flags."""
+    from vllm_omni_edge.levers import SINGLE_PROCESS_ENV, LeverFlagError, single_process_enabled
+
+    if single_process:
+        os.environ[SINGLE_PROCESS_ENV] = "1"
+    try:
+        single_process_enabled()
+    except LeverFlagError as err:
+        raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
+
+
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main
 
+    args, single_process = take_single_process_flag(args)
     argv = edge_serve_argv(args)
     if not _asks_for_help(args):
+        _select_process_layout(single_process)
         _check_request_limit()
         _check_listen_address(argv[2:])
     sys.argv = argv

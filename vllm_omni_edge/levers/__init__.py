@@ -13,6 +13,7 @@ inherit the front end's environment).
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/int4pack.py |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
+| process layout: engine core and model on a thread of the API server (one process) | VLLM_OMNI_EDGE_SINGLE_PROCESS=0/1 | 0 | patches/frontend/single_process.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -28,6 +29,7 @@ EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
+SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 
 
@@ -68,3 +70,13 @@ def heap_trim_enabled() -> bool:
 
 def worker_in_engine_enabled() -> bool:
     return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"
+
+
+def single_process_enabled() -> bool:
+    """The one-process server layout; it and the two-process layout exclude each other."""
+    enabled = _choice(SINGLE_PROCESS_ENV, ("0", "1"), "0") == "1"
+    if enabled and worker_in_engine_enabled():
+        raise LeverFlagError(
+            f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1 ask for two different process "
+            "layouts (one process vs. two); set only one of them")
+    return enabled

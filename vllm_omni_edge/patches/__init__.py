@@ -15,6 +15,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
     "vllm_omni_edge.patches.frontend.worker_in_engine_core",
+    "vllm_omni_edge.patches.frontend.single_process",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.rope_cap",
