@@ -8,21 +8,17 @@ that every stage runs on the CPU platform and that the answers are valid media.
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import REPO, vllm_env
-from vllm_omni_edge.cli.demo import free_port
+from tests.omni.omni_server import OmniServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -71,52 +67,10 @@ def test_omni_python_api_returns_text_and_wav(tiny_omni_model, cpu_deploy, tmp_p
     _check_wav(wav.read_bytes())
 
 
-class OmniServer:
-    """``vllm-omni serve MODEL --omni`` in its own session, stopped as a group."""
-
-    def __init__(self, model: Path, deploy: Path, log_path: Path):
-        self.port = free_port()
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        cmd = [str(Path(sys.executable).parent / "vllm-omni"), "serve", str(model), "--omni",
-               "--deploy-config", str(deploy), "--host", "127.0.0.1", "--port", str(self.port),
-               "--stage-init-timeout", "1500", "--init-timeout", "2400"]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=vllm_env())
-        self.base_url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float) -> None:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(1)
-        raise TimeoutError(f"server not ready after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 60) -> str:
-        self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self) -> int | None:
-        for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(wait)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def omni_server(tiny_omni_model, cpu_deploy, tmp_path_factory):
-    server = OmniServer(tiny_omni_model, cpu_deploy, tmp_path_factory.mktemp("omni") / "server.log")
+    server = OmniServer(tiny_omni_model, tmp_path_factory.mktemp("omni") / "server.log",
+                         "--deploy-config", str(cpu_deploy))
     try:
         server.wait_ready(1500)
         yield server
@@ -126,18 +80,13 @@ def omni_server(tiny_omni_model, cpu_deploy, tmp_path_factory):
 
 def _chat(server: OmniServer, modalities: list[str], **extra) -> httpx.Response:
     body = {
-        "model": str(server_model_name(server)),
+        "model": server.model_name(),
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Say hello."}],
         "modalities": modalities,
         "max_tokens": 8,
         **extra,
     }
     return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=900)
-
-
-def server_model_name(server: OmniServer) -> str:
-    models = httpx.get(server.base_url + "/v1/models", timeout=30).json()
-    return models["data"][0]["id"]
 
 
 def test_chat_completions_returns_text_and_a_valid_wav(omni_server):

@@ -188,3 +188,103 @@ def tiny_qwen2_5_omni(cache_dir: str | Path) -> Path:
         if json.loads(config.read_text()).get("vllm_omni_edge_tiny_version") == TINY_QWEN2_5_OMNI_VERSION:
             return out
     return build_tiny_qwen2_5_omni(out)
+
+
+# ---- Stable Diffusion 3 (image generation through vLLM-Omni's diffusion stage) --------------
+#
+# SD3 is the cheapest image pipeline vLLM-Omni 0.30.0 serves natively whose every part takes
+# its sizes from the checkpoint: its SD3 transformer reads ``transformer/config.json``, and the
+# two CLIP encoders, the T5 encoder and the VAE are loaded with ``from_pretrained``. (Z-Image,
+# for instance, hard-codes its 6B transformer's sizes.) The layout is diffusers' own
+# ``StableDiffusion3Pipeline.save_pretrained``, so ``model_index.json`` names the pipeline class
+# vLLM-Omni dispatches on.
+
+TINY_SD3_VERSION = 1
+SD3_VAE_SCALE = 8  # three VAE downsamplings (four blocks), as in the released VAE
+SD3_PATCH = 2
+SD3_SIZE_MULTIPLE = SD3_VAE_SCALE * SD3_PATCH  # width and height must be multiples of this
+CLIP_HIDDEN = 32
+T5_HIDDEN = 2 * CLIP_HIDDEN  # the two CLIP embeddings are concatenated and padded to T5's width
+CLIP_MAX_LENGTH = 77  # the pipeline pads CLIP prompts to the tokenizer's model_max_length
+
+
+def _tiny_clip_tokenizer():
+    """CLIP's BPE over single characters (no merges): every printable ASCII char, word-final or not."""
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for code in range(33, 127):
+        vocab[chr(code)] = len(vocab)
+        vocab[chr(code) + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=CLIP_MAX_LENGTH)
+
+
+def _tiny_t5_tokenizer():
+    """T5's Unigram tokenizer over single characters; pad/eos/unk at T5's ids 0/1/2."""
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(chr(code), -3.0) for code in range(33, 127)]
+    return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
+
+
+def build_tiny_sd3(out_dir: str | Path, *, seed: int = 0) -> Path:
+    """Write a diffusers ``StableDiffusion3Pipeline`` with random weights into ``out_dir``."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    out = Path(out_dir)
+    with atomic_directory(out) as tmp:
+        torch.manual_seed(seed)
+        clip_tokenizer = _tiny_clip_tokenizer()
+        clip_config = CLIPTextConfig(
+            vocab_size=len(clip_tokenizer), hidden_size=CLIP_HIDDEN, intermediate_size=64, projection_dim=CLIP_HIDDEN,
+            num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=CLIP_MAX_LENGTH,
+            bos_token_id=clip_tokenizer.bos_token_id, eos_token_id=clip_tokenizer.eos_token_id,
+            pad_token_id=clip_tokenizer.pad_token_id, hidden_act="gelu",
+        )
+        t5_tokenizer = _tiny_t5_tokenizer()
+        t5_config = T5Config(
+            vocab_size=len(t5_tokenizer), d_model=T5_HIDDEN, d_kv=32, d_ff=128, num_layers=2, num_heads=2,
+            relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+        )
+        latent_channels = 4
+        pipe = StableDiffusion3Pipeline(
+            transformer=SD3Transformer2DModel(
+                sample_size=32, patch_size=SD3_PATCH, in_channels=latent_channels, out_channels=latent_channels,
+                num_layers=2, attention_head_dim=32, num_attention_heads=2, caption_projection_dim=64,
+                joint_attention_dim=T5_HIDDEN, pooled_projection_dim=2 * CLIP_HIDDEN, pos_embed_max_size=96,
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+            vae=AutoencoderKL(
+                in_channels=3, out_channels=3, latent_channels=latent_channels,
+                down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                block_out_channels=(16,) * 4, layers_per_block=1, norm_num_groups=4, sample_size=64,
+                use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035,
+            ),
+            text_encoder=CLIPTextModelWithProjection(clip_config),
+            tokenizer=clip_tokenizer,
+            text_encoder_2=CLIPTextModelWithProjection(clip_config),
+            tokenizer_2=_tiny_clip_tokenizer(),
+            text_encoder_3=T5EncoderModel(t5_config),
+            tokenizer_3=t5_tokenizer,
+        ).to(torch.float32)
+        pipe.save_pretrained(tmp, safe_serialization=True)
+        (tmp / "vllm_omni_edge_tiny.json").write_text(json.dumps({"tiny_sd3_version": TINY_SD3_VERSION}))
+    return out
+
+
+def tiny_sd3(cache_dir: str | Path) -> Path:
+    """The cached tiny SD3 pipeline under ``cache_dir``, built on first use."""
+    out = Path(cache_dir) / f"tiny-sd3-v{TINY_SD3_VERSION}"
+    marker = out / "vllm_omni_edge_tiny.json"
+    if (out / "model_index.json").exists() and marker.exists():
+        if json.loads(marker.read_text()).get("tiny_sd3_version") == TINY_SD3_VERSION:
+            return out
+    return build_tiny_sd3(out)
