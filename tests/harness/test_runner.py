@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -169,3 +170,23 @@ def test_classify():
     assert runner.classify(0, False, 60, {"problems": []}, None, ["worker 1: compiled ..."], []) == (
         "invalid", ["worker 1: compiled ..."])
     assert runner.classify(0, False, 60, {"problems": []}, None, [], []) == ("ok", [])
+
+
+def test_costly_memory_samples_are_spaced_to_cap_the_samplers_cpu(tmp_path, fake_engine, monkeypatch):
+    grid = fake_grid(tmp_path, {"tok_s": [10, 10, 10], "worker_mib": 16}, {"tok_s": [10, 10, 10], "worker_mib": 16},
+                     passes=3)
+    original = runner.MemoryLedger.sample
+
+    def costly_sample(self):
+        spin_until = time.process_time() + 0.02  # 20 ms of CPU per sample, like a big worker's smaps_rollup
+        while time.process_time() < spin_until:
+            pass
+        return original(self)
+
+    monkeypatch.setattr(runner.MemoryLedger, "sample", costly_sample)
+    _, passes, _ = run(tmp_path, grid, max_sampler_cpu_share=0.05)
+    for record in passes.values():
+        sampler = record["sampler"]
+        assert sampler["samples"] >= 1 and sampler["cpu_s"] >= 0.02 * sampler["samples"] * 0.9
+        # 0.05 s nominal interval would spend ~30 % of the wall sampling; the cap keeps it near 5 %.
+        assert sampler["cpu_share_of_wall"] < 0.12, sampler
