@@ -20,7 +20,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import vllm_env
+from tests.e2e.streaming import stream_in_background
 from tests.e2e.test_server import start_server
 from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess
@@ -347,23 +347,8 @@ def worker_pid(server) -> int:
 def test_worker_killed_mid_stream_fails_loudly_and_exits_non_zero(env_keyed_server):
     server = env_keyed_server
     victim = worker_pid(server)
-    stream_result: dict = {}
-    started = threading.Event()
-
-    def consume():
-        try:
-            with long_stream(server, ENV_KEY, MAX_MODEL_LEN - 16) as stream:
-                stream_result["lines"] = []
-                for line in stream.iter_lines():
-                    started.set()
-                    stream_result["lines"].append(line)
-        except httpx.HTTPError as err:
-            stream_result["exception"] = repr(err)
-        finally:
-            started.set()
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
+    stream_result, started, consumer = stream_in_background(
+        lambda: long_stream(server, ENV_KEY, MAX_MODEL_LEN - 16))
     assert started.wait(HANG_BOUND_S) and "exception" not in stream_result
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()

@@ -21,6 +21,7 @@ from openai import OpenAI
 from tests.conftest import vllm_env
 from tests.e2e.fault_injected_serve import FAULT_FILE_ENV, FAULT_MESSAGE
 from tests.e2e.test_reliability import HANG_BOUND_S, metric, wait_for
+from tests.e2e.streaming import stream_in_background
 from tests.e2e.test_server import SERVER_ARGS, start_server
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess, ask_streaming, free_port
 from vllm_omni_edge.cpu_features import usable_cores
@@ -155,23 +156,7 @@ def test_engine_fault_fails_health_and_exits_non_zero(default_model, tmp_path):
                                  tmp_path / "fault.log", env=vllm_env(**{FAULT_FILE_ENV: str(trigger)}))
     try:
         server.wait_ready(600)
-        result: dict = {}
-        started = threading.Event()
-
-        def consume():
-            try:
-                with stream_completion(server, 400) as stream:
-                    result["lines"] = []
-                    for line in stream.iter_lines():
-                        started.set()
-                        result["lines"].append(line)
-            except httpx.HTTPError as err:
-                result["exception"] = repr(err)
-            finally:
-                started.set()
-
-        consumer = threading.Thread(target=consume, daemon=True)
-        consumer.start()
+        result, started, consumer = stream_in_background(lambda: stream_completion(server, 400))
         assert started.wait(HANG_BOUND_S) and "exception" not in result
         trigger.touch()
         health: list = []

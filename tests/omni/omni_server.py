@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import vllm_env
-from vllm_omni_edge.cli.demo import free_port
+from vllm_omni_edge.cli.demo import free_port, stop_process_group
 
 
 class OmniServer:
@@ -57,14 +55,6 @@ class OmniServer:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> int | None:
-        for sig, wait in ((signal.SIGINT, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(wait)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        returncode = stop_process_group(self.proc)
         self._log.close()
-        return self.proc.returncode
+        return returncode

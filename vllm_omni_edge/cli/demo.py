@@ -50,6 +50,21 @@ def mib(n: int) -> float:
     return n / (1 << 20)
 
 
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 30) -> int | None:
+    """SIGINT (vLLM's clean shutdown), then SIGTERM, then SIGKILL the process group."""
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+    # Children left behind by a crash would hold memory on an edge box.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
 class ServerProcess:
     """A ``vllm-omni-edge serve`` child in its own session, so it can be stopped whole."""
 
@@ -87,19 +102,9 @@ class ServerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, grace_s: float = 30) -> int:
-        """SIGINT (vLLM's clean shutdown), then SIGTERM, then SIGKILL the group."""
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(wait)
-        # Children left behind by a crash would hold memory on an edge box.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        returncode = stop_process_group(self.proc, grace_s)
         self._log.close()
-        return self.proc.returncode
+        return returncode
 
 
 def ask_streaming(base_url: str, question: str, max_tokens: int, out=sys.stdout,
