@@ -4,6 +4,7 @@ tests/e2e/test_reliability.py."""
 
 from __future__ import annotations
 
+import time
 import importlib
 import socket
 import types
@@ -196,3 +197,22 @@ def test_engine_death_is_noted_only_when_it_stops_the_server(
 
     engine_death_exit.wrap_terminate_if_errored(original)(server, engine)
     assert engine_death_exit.engine_died() is died
+
+
+def test_stop_process_group_stops_the_whole_group():
+    import signal
+    import subprocess
+
+    import psutil
+
+    from vllm_omni_edge.cli.demo import stop_process_group
+
+    # A parent that ignores SIGINT and a child that would outlive it.
+    proc = subprocess.Popen(["sh", "-c", "trap '' INT; sleep 300 & wait"], start_new_session=True)
+    child_deadline = time.monotonic() + 5
+    while not psutil.Process(proc.pid).children() and time.monotonic() < child_deadline:
+        time.sleep(0.05)
+    [child] = psutil.Process(proc.pid).children()
+    assert stop_process_group(proc, grace_s=0.5) is not None
+    assert proc.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
