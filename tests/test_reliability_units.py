@@ -4,9 +4,9 @@ tests/e2e/test_reliability.py."""
 
 from __future__ import annotations
 
-import time
 import importlib
 import socket
+import time
 import types
 
 import pytest
