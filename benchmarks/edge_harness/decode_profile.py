@@ -540,15 +540,10 @@ def _keep_torch_tables(directory: Path, keep_traces: bool) -> dict[str, Any]:
 
 
 def default_out(model_name: str, layout: str) -> Path:
-    from benchmarks.edge_harness.runner import RESULTS_ROOT
+    from benchmarks.edge_harness.runner import RESULTS_ROOT, unused_dir
 
     safe = model_name.replace(":", "-").replace("/", "_")
-    base = RESULTS_ROOT / f"{time.strftime('%Y-%m-%d')}-decode-profile-{safe}-{layout}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
+    return unused_dir(RESULTS_ROOT / f"{time.strftime('%Y-%m-%d')}-decode-profile-{safe}-{layout}")
 
 
 def build_parser() -> argparse.ArgumentParser:

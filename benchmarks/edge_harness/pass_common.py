@@ -24,6 +24,13 @@ def figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
     return {"value": value, "unit": unit, "better": better, "source": source}
 
 
+def start_up_timings(process_start: float, first_token_t: float, load_s: float, first_request_s: float
+                     ) -> dict[str, float]:
+    """What an in-process engine's start-up took: to the first token, the constructor, the first request."""
+    return {"process_start_to_first_token_s": first_token_t - process_start,
+            "engine_constructor_s": load_s, "first_request_s": first_request_s}
+
+
 def start_up_figures(timings: dict[str, float], load_name: str, load_s: float, load_source: str
                      ) -> dict[str, dict[str, Any]]:
     """The ``cold_start`` workload's figures: process start to first token, and the engine's load."""

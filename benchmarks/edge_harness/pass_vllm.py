@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.pass_common import figure as _figure
-from benchmarks.edge_harness.pass_common import run_workloads, start_up_figures
+from benchmarks.edge_harness.pass_common import run_workloads, start_up_figures, start_up_timings
 from benchmarks.edge_harness.pass_common import pass_main, timed_workload
 from benchmarks.edge_harness.prompts import PromptBank
 
@@ -171,11 +171,7 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
     runner.problems += discarded_settings(spec["llm_kwargs"], frontend)
     first = runner.first_token()
     first_token_t = pass_events.emit(events, pass_events.FIRST_TOKEN)
-    timings = {
-        "process_start_to_first_token_s": first_token_t - process_start,
-        "engine_constructor_s": load_s,
-        "first_request_s": first["seconds"],
-    }
+    timings = start_up_timings(process_start, first_token_t, load_s, first["seconds"])
 
     workloads = run_workloads(spec["workloads"], runner.run,
                               start_up_figures(timings, "load", load_s, "wall clock: vllm.LLM(...) constructor"))

@@ -97,7 +97,11 @@ def check_runnable(grid: Grid) -> None:
 
 def default_out_dir(grid: Grid, root: Path = RESULTS_ROOT) -> Path:
     """``results/<date>-<grid name>``, suffixed -2, -3 ... rather than overwriting."""
-    base = root / f"{date.today().isoformat()}-{grid.name}"
+    return unused_dir(root / f"{date.today().isoformat()}-{grid.name}")
+
+
+def unused_dir(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3`` ... : never an existing results directory."""
     candidate, n = base, 1
     while candidate.exists():
         n += 1
