@@ -56,6 +56,7 @@ def write_process_record() -> Path | None:
             "patches": {name: o.status for name, o in outcomes().items()},
             "patch_details": {name: o.detail for name, o in outcomes().items()},
             "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_", "GOMP_"))},
+            "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
         },
     )
 
@@ -123,11 +124,17 @@ def collect_worker_evidence(worker) -> dict:
         "rope": rope,
         "weights_bytes_by_dtype": dict(weights),
         "heap_trim": _heap_trim(),
+        **_rms_norm_dispatch(model),
+        "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
         "embeddings_prepacked": len(embeddings_prepacked),
         "embeddings_prepacked_names": embeddings_prepacked,
         "quantization": worker.model_config.quantization,
         "cpu_int4_kernels": _cpu_int4_kernel_counts(),
         "cpu_int4_routing": _cpu_int4_routing(),
+        "cpu_int4_other_layers": _cpu_int4_other_layers(),
+        # vLLM-Omni stage workers: which stage of the pipeline this worker runs.
+        "omni_stage": getattr(worker.model_config, "model_stage", None),
+        "omni_stage_id": getattr(worker.model_config, "stage_id", None),
         "amx_tiles": "amx_tile" in cpu_flags(),
         "attention_isa": attention_isa,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -144,6 +151,39 @@ def collect_worker_evidence(worker) -> dict:
     }
 
 
+def _shm_reader_busy_loop_s() -> list[float]:
+    """How long each shm queue reader in this process spins before it blocks."""
+    from vllm_omni_edge.patches.worker import shm_reader_wait
+
+    return list(shm_reader_wait.reader_busy_loop_s)
+
+
+def _rms_norm_dispatch(model) -> dict:
+    """Which vLLM IR impl this process's dispatch picks for the model's own RMSNorm
+    arguments (dtype, epsilon, contiguous rows), and how often our fused impl ran."""
+    import torch
+    from vllm import ir
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    from vllm_omni_edge.patches.worker import cpu_fused_rms_norm
+
+    norm = next((m for m in model.modules() if isinstance(m, RMSNorm)), None)
+    selected: dict[str, str | None] = {"rms_norm_impl": None, "fused_add_rms_norm_impl": None}
+    if norm is not None:
+        weight = norm.weight.data if norm.has_weight else None
+        dtype = weight.dtype if weight is not None else torch.get_default_dtype()
+        x = torch.zeros(1, norm.hidden_size, dtype=dtype)
+        eps, var = norm.variance_epsilon, norm.variance_size_override
+        selected["rms_norm_impl"] = ir.ops.rms_norm.dispatch(x, weight, eps, var).provider
+        selected["fused_add_rms_norm_impl"] = ir.ops.fused_add_rms_norm.dispatch(
+            x, torch.zeros_like(x), weight, eps, var).provider
+    return {
+        **selected,
+        "rms_norm_priority": ir.ops.rms_norm.get_priority(),
+        "rms_norm_edge_calls": dict(cpu_fused_rms_norm.calls),
+    }
+
+
 def _heap_trim() -> dict | None:
     """What the post-load heap trim returned in this process (None if it did not run)."""
     from vllm_omni_edge.patches.worker import heap_trim
@@ -157,6 +197,14 @@ def _cpu_int4_kernel_counts() -> dict[str, int]:
 
     counts = kernel_counts()
     return counts if len(counts) > 2 else {}  # more than the two totals: layers exist
+
+
+def _cpu_int4_other_layers() -> list[dict]:
+    """cpu_int4 layers not on the int4pack kernel (left unquantized, or the dequant fallback), and why."""
+    from vllm_omni_edge.quantization.evidence import layer_choices
+
+    keys = ("prefix", "kind", "kernel", "reason", "in_features", "out_features")
+    return [{k: c[k] for k in keys} for c in layer_choices() if c["kernel"] != "int4pack"]
 
 
 def _cpu_int4_routing() -> dict | None:

@@ -91,6 +91,7 @@ class ProcessInfo:
     first_seen: float = 0.0
     last_seen: float = 0.0
     vm_hwm: int | None = None  # kernel's peak RSS; file pages included, so auxiliary only
+    cpu_series: list[tuple[float, float]] = field(default_factory=list)  # (t, user + system CPU s)
     errors: list[str] = field(default_factory=list)
 
 
@@ -152,6 +153,8 @@ class MemoryLedger:
                 record = parse_smaps_rollup(fh.read())
             with open(f"/proc/{proc.pid}/status") as fh:
                 info.vm_hwm = parse_kb_lines(fh.read()).get("VmHWM", info.vm_hwm)
+            times = proc.cpu_times()  # one read of /proc/PID/stat: cheap next to smaps_rollup
+            info.cpu_series.append((now, times.user + times.system))
         except (psutil.NoSuchProcess, psutil.ZombieProcess, FileNotFoundError, ProcessLookupError):
             return None  # vanished between the walk and the read
         except (psutil.AccessDenied, PermissionError) as error:
@@ -210,6 +213,25 @@ def _window_stats(records: list[tuple[float, dict]], first_token_t: float | None
     }
 
 
+def cpu_seconds(series: list[tuple[float, float]], first_token_t: float | None,
+                workloads_done_t: float | None) -> dict[str, float | None]:
+    """CPU time one process used in all, and while the workloads ran (first token to done).
+
+    Read at the samples, so each bound is late by at most one sampling interval.
+    """
+    def at(t: float) -> float | None:
+        before = [cpu for when, cpu in series if when <= t]
+        return before[-1] if before else None
+
+    total = series[-1][1] if series else None
+    during = None
+    if first_token_t is not None and workloads_done_t is not None:
+        start, end = at(first_token_t), at(workloads_done_t)
+        if start is not None and end is not None:
+            during = round(end - start, 3)
+    return {"total": None if total is None else round(total, 3), "during_workloads": during}
+
+
 def summarise_ledger(ledger: MemoryLedger, roles: dict[int, str] | None = None,
                      first_token_t: float | None = None, workloads_done_t: float | None = None,
                      interval_s: float | None = None) -> dict[str, Any]:
@@ -237,6 +259,7 @@ def summarise_ledger(ledger: MemoryLedger, roles: dict[int, str] | None = None,
             "first_seen_s": round(info.first_seen - t0, 3),
             "last_seen_s": round(info.last_seen - t0, 3) if info.last_seen else None,
             "vm_hwm_bytes": info.vm_hwm,
+            "cpu_s": cpu_seconds(info.cpu_series, first_token_t, workloads_done_t),
             "errors": info.errors,
             **_window_stats(series, first_token_t, steady_times),
         }

@@ -48,6 +48,13 @@ def figures_of_pass(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         steady = [p["steady"]["pss"] for p in processes if p.get("role") == role and p.get("steady")]
         if steady:
             figures[f"{role} PSS steady"] = _memory_figure(sum(steady), f"steady pss of {role} processes")
+        # CPU a role burnt while the workloads ran: a polling process shows here, not in tok/s.
+        busy = [p["cpu_s"]["during_workloads"] for p in processes
+                if p.get("role") == role and (p.get("cpu_s") or {}).get("during_workloads") is not None]
+        if busy:
+            figures[f"{role} CPU s in workloads"] = {
+                "value": sum(busy), "unit": "s", "better": "lower",
+                "source": f"memory ledger: user+system CPU of {role} processes, first token to workloads done"}
     return figures
 
 

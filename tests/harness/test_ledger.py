@@ -146,3 +146,26 @@ def test_an_orphan_is_still_counted_after_its_parent_dies():
     assert orphan_pids, "the child was never seen"
     assert set(ledger.sample()["procs"]) == set(orphan_pids)
     assert ledger.alive_pids() == orphan_pids
+
+
+def test_cpu_seconds_in_all_and_while_the_workloads_ran():
+    from benchmarks.edge_harness.ledger import cpu_seconds
+
+    series = [(1000.0, 1.0), (1004.0, 3.0), (1007.0, 4.5), (1010.0, 9.0), (1011.0, 9.5)]
+    assert cpu_seconds(series, 1004.5, 1010.0) == {"total": 9.5, "during_workloads": 6.0}
+    assert cpu_seconds(series, None, None) == {"total": 9.5, "during_workloads": None}
+    assert cpu_seconds(series, 999.0, 1010.0)["during_workloads"] is None  # no sample before the first token
+    assert cpu_seconds([], 1004.0, 1010.0) == {"total": None, "during_workloads": None}
+
+
+def test_a_busy_child_shows_its_cpu_time_and_an_idle_one_does_not():
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    ledgers = {"busy": MemoryLedger(busy.pid), "idle": MemoryLedger(idle.pid)}
+    while busy.poll() is None or idle.poll() is None:
+        for ledger in ledgers.values():
+            ledger.sample()
+        time.sleep(0.05)
+    used = {name: summarise_ledger(ledger)["processes"][str(ledger.root_pid)]["cpu_s"]["total"]
+            for name, ledger in ledgers.items()}
+    assert used["busy"] > 0.25 and used["idle"] < 0.2, used

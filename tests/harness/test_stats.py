@@ -86,3 +86,14 @@ def test_memory_figures_come_from_the_tree_and_roles():
     assert figures["worker PSS steady"]["value"] == 1200
     assert figures["tree PSS steady"]["better"] == "lower"
     assert "tree PSS load peak" not in figures  # no first-token marker, no load window
+
+
+def test_cpu_per_role_while_the_workloads_ran():
+    rec = record("a", 1, 10, steady_pss=3000, roles={"engine_core": 800, "worker": 1200})
+    processes = rec["ledger"]["processes"]
+    processes["0"]["cpu_s"] = {"total": 40.0, "during_workloads": 9.5}
+    processes["1"]["cpu_s"] = {"total": 50.0, "during_workloads": None}  # no markers: no figure
+    figures = figures_of_pass(rec)
+    assert figures["engine_core CPU s in workloads"]["value"] == 9.5
+    assert figures["engine_core CPU s in workloads"]["unit"] == "s"
+    assert "worker CPU s in workloads" not in figures

@@ -1,4 +1,4 @@
-"""The memory levers and their flags, in one place.
+"""The levers (memory and speed) and their flags, in one place.
 
 Each lever can be switched by an environment variable, so the harness can run it
 as its own A/B (the variable reaches the engine core and worker processes, which
@@ -14,6 +14,8 @@ inherit the front end's environment).
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 | process layout: engine core and model on a thread of the API server (one process) | VLLM_OMNI_EDGE_SINGLE_PROCESS=0/1 | 0 | patches/frontend/single_process.py |
+| seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
+| RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -31,6 +33,8 @@ INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
+SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
+FUSED_RMS_NORM_ENV = "VLLM_OMNI_EDGE_FUSED_RMS_NORM"
 
 
 class LeverFlagError(ValueError):
@@ -66,6 +70,22 @@ def int4_dense_prefill_copy() -> bool:
 
 def heap_trim_enabled() -> bool:
     return _choice(HEAP_TRIM_ENV, ("1", "0"), "1") == "1"
+
+
+def fused_rms_norm_enabled() -> bool:
+    # Off by default: the CPU kernel truncates the bf16 residual sum (see the patch).
+    return _choice(FUSED_RMS_NORM_ENV, ("0", "1"), "0") == "1"
+
+
+def shm_spin_seconds() -> float:
+    text = os.environ.get(SHM_SPIN_ENV, "").strip() or "0"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise LeverFlagError(f"{SHM_SPIN_ENV}={text!r}: expected seconds, a number >= 0 (vLLM's own value is 1)")
+    return seconds
 
 
 def worker_in_engine_enabled() -> bool:
