@@ -143,6 +143,11 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
     requested = 192 << 20
     per_block = worker["kv_cache_bytes"] // worker["kv_num_blocks"]
     assert requested - per_block < worker["kv_cache_bytes"] <= requested
+    # Both shm queue readers (engine core, worker) block at once instead of spinning.
+    assert worker["shm_reader_spin_s"] == 0.0
+    engine_core = next(p for p in run.processes if p["role"] == "EngineCore")
+    assert engine_core["shm_reader_busy_loop_s"] == [0.0]
+    assert worker["rms_norm_impl"] == "native"  # the fused kernel is opt-in
     if usable_cores() in reserved_cores.MEASURED_DEFAULTS:
         reserved = reserved_cores.MEASURED_DEFAULTS[usable_cores()]
         assert worker["torch_threads"] == usable_cores() - reserved
@@ -186,6 +191,7 @@ def test_worker_in_engine_core_runs_the_model_in_two_processes(default_model, tm
     assert sorted(p["role"] for p in run.processes) == ["EngineCore", "frontend"]
     [worker] = run.workers
     assert worker["role"] == "EngineCore"  # the engine core built and ran the model itself
+    assert worker["shm_reader_spin_s"] is None  # one process holds the model: no shm queue
     reserved = reserved_cores.default_reserved_cores(usable_cores()) or 0
     assert worker["omp_num_threads"] == str(usable_cores() - reserved)
     assert worker["torch_threads"] == usable_cores() - reserved

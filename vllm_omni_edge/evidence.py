@@ -126,6 +126,8 @@ def collect_worker_evidence(worker) -> dict:
         "heap_trim": _heap_trim(),
         **_rms_norm_dispatch(model),
         "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
+        # One value an arm can expect: the longest spin; None with no shm queue (model in the engine core).
+        "shm_reader_spin_s": max(_shm_reader_busy_loop_s(), default=None),
         "embeddings_prepacked": len(embeddings_prepacked),
         "embeddings_prepacked_names": embeddings_prepacked,
         "quantization": worker.model_config.quantization,
