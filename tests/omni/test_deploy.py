@@ -42,3 +42,18 @@ def test_overlay_leaves_other_platforms_alone(tmp_path):
     path = cpu_deploy_config("qwen2_5_omni", tmp_path)
     deploy = _apply_platform_overrides(load_deploy_config(path), platform="cuda")
     assert [s.devices for s in deploy.stages] == ["0", "1", "0"]
+
+
+def test_int4_variant_quantizes_the_llm_stages_only(tmp_path):
+    from vllm_omni.config.stage_config import _apply_platform_overrides, load_deploy_config
+
+    path = cpu_deploy_config("qwen2_5_omni_int4", tmp_path)
+    deploy = _apply_platform_overrides(load_deploy_config(path), platform="cpu")
+    by_id = {s.stage_id: s for s in deploy.stages}
+    assert by_id[0].engine_extras["quantization"] == "cpu_int4"  # thinker
+    assert by_id[1].engine_extras["quantization"] == "cpu_int4"  # talker
+    assert "quantization" not in by_id[2].engine_extras  # code2wav: float32, no vLLM linears
+    assert by_id[2].engine_extras["dtype"] == "float32"  # inherited from qwen2_5_omni.yaml
+    # Nothing of the variant leaks to another platform.
+    cuda = _apply_platform_overrides(load_deploy_config(path), platform="cuda")
+    assert all("quantization" not in s.engine_extras for s in cuda.stages)

@@ -96,6 +96,8 @@ def test_images_generations_returns_a_png_of_the_requested_size(image_server, si
         ("256x256", "256x256"),  # over the server's --max-generated-image-size
         ("0x64", "0x64"),  # not a positive size
         ("64by64", "WIDTHxHEIGHT"),  # not a size at all
+        ("100x100", "multiples of 16"),  # SD3 needs multiples of VAE factor 8 x patch 2
+        ("64x40", "64x40"),  # one side off is enough
     ],
 )
 def test_image_size_out_of_range_is_a_clear_error(image_server, size, named):

@@ -4,7 +4,8 @@ Each YAML here overlays vLLM-Omni's own deploy file (``base_config``) with a
 ``platforms: cpu:`` section. vLLM-Omni resolves ``base_config`` relative to the overlay's
 directory, which cannot name a file inside another installed package portably, so the
 YAMLs write it as ``"vllm_omni:deploy/<name>.yaml"`` and :func:`cpu_deploy_config` writes
-a copy with the absolute path of the installed file.
+a copy with the absolute path of the installed file. A variant names a sibling YAML
+(``base_config: "qwen2_5_omni.yaml"``); its copy points at the sibling's own copy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def available() -> list[str]:
     return sorted(p.stem for p in OVERLAY_DIR.glob("*.yaml"))
 
 
-def _resolve_base(base: str) -> str:
+def _resolve_base(base: str, out_dir: str | Path | None) -> str:
+    if (OVERLAY_DIR / base).is_file():  # a sibling overlay: its own loadable copy
+        return str(cpu_deploy_config(Path(base).stem, out_dir).resolve())
     if not base.startswith(_PACKAGE_PREFIX):
         return base
     import vllm_omni
@@ -42,7 +45,7 @@ def cpu_deploy_config(name: str, out_dir: str | Path | None = None) -> Path:
         raise ValueError(f"no CPU deploy config named {name!r}; available: {', '.join(available())}")
     data = yaml.safe_load(overlay.read_text())
     if "base_config" in data:
-        data["base_config"] = _resolve_base(data["base_config"])
+        data["base_config"] = _resolve_base(data["base_config"], out_dir)
     text = yaml.safe_dump(data, sort_keys=False).encode()
     if out_dir is None:
         from vllm_omni_edge.models.default_model import cache_root
