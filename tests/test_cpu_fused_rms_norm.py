@@ -165,6 +165,7 @@ def test_bad_flag_value_is_named():
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # two engine loads, ~5 min
 def test_default_model_runs_fused_norm_with_same_greedy_text(default_model, tmp_path):
     from tests.e2e.probe import run_probe
 
