@@ -25,6 +25,22 @@ MEMORY_FIGURES = (
     ("tree PSS_Anon steady", "steady", "pss_anon"),
 )
 ROLE_MEMORY = ("frontend", "engine_core", "worker")
+WORKLOAD_PEAK = "tree PSS workload peak"
+
+
+def workload_peak_pss(ledger: dict[str, Any]) -> int | None:
+    """Highest whole-tree PSS after the first token, up to the end of the workloads.
+
+    The bound a server under load must hold: the load peak is behind it, and anything above
+    the steady state here was allocated by serving. Read from the ledger's timeline (harness
+    clients are already left out of it), so older artifacts get the figure too.
+    """
+    start, end = ledger.get("first_token_s"), ledger.get("workloads_done_s")
+    if start is None or end is None:
+        return None
+    totals = [sum(sample["pss"].values()) for sample in ledger.get("timeline") or []
+              if start < sample["t"] <= end and sample["pss"]]
+    return max(totals) if totals else None
 
 
 def _memory_figure(value: int, what: str) -> dict[str, Any]:
@@ -43,6 +59,9 @@ def figures_of_pass(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
         stats = tree.get(window)
         if stats and stats.get(field) is not None:
             figures[name] = _memory_figure(stats[field], f"{window} {field}")
+    serving_peak = workload_peak_pss(ledger)
+    if serving_peak is not None:
+        figures[WORKLOAD_PEAK] = _memory_figure(serving_peak, "peak pss from first token to workloads done")
     processes = (ledger.get("processes") or {}).values()
     for role in ROLE_MEMORY:
         steady = [p["steady"]["pss"] for p in processes if p.get("role") == role and p.get("steady")]

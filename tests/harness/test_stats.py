@@ -97,3 +97,17 @@ def test_cpu_per_role_while_the_workloads_ran():
     assert figures["engine_core CPU s in workloads"]["value"] == 9.5
     assert figures["engine_core CPU s in workloads"]["unit"] == "s"
     assert "worker CPU s in workloads" not in figures
+
+
+def test_workload_peak_is_read_between_first_token_and_workloads_done():
+    rec = record("a", 1, 10, steady_pss=3000)
+    rec["ledger"].update(first_token_s=10.0, workloads_done_s=20.0, timeline=[
+        {"t": 5.0, "pss": {"1": 4000, "2": 900}},   # loading: the load peak, not serving
+        {"t": 12.0, "pss": {"1": 2000, "2": 1100}},
+        {"t": 15.0, "pss": {"1": 2100, "2": 1150}},  # the serving peak: 3,250
+        {"t": 25.0, "pss": {"1": 3900}},             # after the workloads
+    ])
+    figures = figures_of_pass(rec)
+    assert figures["tree PSS workload peak"]["value"] == 3250
+    del rec["ledger"]["workloads_done_s"]
+    assert "tree PSS workload peak" not in figures_of_pass(rec)  # no end marker, no window
