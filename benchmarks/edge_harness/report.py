@@ -350,6 +350,17 @@ def render_plots(art: dict[str, Any]) -> list[Path]:
     return written
 
 
+def resummarise(results_dir: Path) -> dict[str, Any]:
+    """Rewrite summary.json from the pass records, which hold every raw figure and the ledger."""
+    from vllm_omni_edge.atomic import atomic_write_bytes
+
+    art = load_artifacts(results_dir)
+    grid = art["grid"]
+    summary = summarise(art["passes"], [a["name"] for a in grid["arms"]], grid["control"], grid["passes"])
+    atomic_write_bytes(Path(results_dir) / "summary.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
 def write_report(results_dir: Path) -> Path:
     art = load_artifacts(results_dir)
     path = Path(results_dir) / "report.md"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks.edge_harness import cli, runner
-from benchmarks.edge_harness.report import load_artifacts, render_markdown, write_report
+from benchmarks.edge_harness.report import load_artifacts, render_markdown, resummarise, write_report
 from tests.harness.conftest import fake_grid, quiet_options
 
 
@@ -44,6 +44,17 @@ def test_report_recomputes_a_missing_summary_as_not_ok(tmp_path, fake_engine):
     art = load_artifacts(out)
     assert art["summary"]["status"] == "incomplete"
     assert "No medians: the grid is incomplete" in render_markdown(art)
+
+
+def test_resummarise_rebuilds_a_stale_summary_from_the_pass_records(tmp_path, fake_engine):
+    out = make_results(tmp_path, {"tok_s": [10, 20, 40]}, {"tok_s": [5, 10, 20]})
+    fresh = json.loads((out / "summary.json").read_text())
+    stale = json.loads(json.dumps(fresh))
+    del stale["arms"]["a"]["tg16"]  # as if written by a harness that had no such figure
+    (out / "summary.json").write_text(json.dumps(stale))
+    assert "tg16" not in load_artifacts(out)["summary"]["arms"]["a"]
+    assert resummarise(out) == fresh
+    assert json.loads((out / "summary.json").read_text()) == fresh
 
 
 def test_cli_help_lists_every_axis(capsys):
