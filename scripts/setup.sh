@@ -27,4 +27,7 @@ if [ "$(cat .venv/.edge-setup 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip uninstall --quiet -y torchaudio torchcodec 2>/dev/null || true
   echo "$want" > .venv/.edge-setup
 fi
+# Our C++ cpu_int4 kernel (AVX2 W4A8), once per source/torch version; a box without a
+# compiler keeps int4pack, and doctor says so.
+.venv/bin/vllm-omni-edge build-kernels || echo "warning: C++ kernels not built; cpu_int4 uses int4pack"
 .venv/bin/vllm-omni-edge doctor

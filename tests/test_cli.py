@@ -33,6 +33,25 @@ def test_doctor_passes_on_the_set_up_environment():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for module in ("torchvision", "torchaudio", "torchcodec"):
         assert module in proc.stdout
+    # setup.sh builds the C++ kernel; doctor reports it (warns if it is missing).
+    assert "avx2_w4a8" in proc.stdout
+
+
+def test_build_kernels_is_idempotent_and_prints_the_library():
+    from pathlib import Path
+
+    from vllm_omni_edge.quantization.kernels import native
+
+    if not native.x86_64():
+        pytest.skip("the C++ kernel is x86-64 only")
+    proc = run("vllm-omni-edge", "build-kernels", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    library = Path(proc.stdout.strip().splitlines()[-1])
+    assert library == native.library_path() and library.is_file()
+    built_at = library.stat().st_mtime_ns
+    again = run("vllm-omni-edge", "build-kernels")
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == str(library)
+    assert library.stat().st_mtime_ns == built_at  # found, not rebuilt
 
 
 def test_serve_defaults_bind_loopback_and_keep_user_choices(default_model):

@@ -202,11 +202,11 @@ def _cpu_int4_kernel_counts() -> dict[str, int]:
 
 
 def _cpu_int4_other_layers() -> list[dict]:
-    """cpu_int4 layers not on the int4pack kernel (left unquantized, or the dequant fallback), and why."""
+    """cpu_int4 layers left unquantized or on the dequant fallback, and why."""
     from vllm_omni_edge.quantization.evidence import layer_choices
 
     keys = ("prefix", "kind", "kernel", "reason", "in_features", "out_features")
-    return [{k: c[k] for k in keys} for c in layer_choices() if c["kernel"] != "int4pack"]
+    return [{k: c[k] for k in keys} for c in layer_choices() if c["kernel"] in ("dequant", "unquantized")]
 
 
 def _cpu_int4_routing() -> dict | None:

@@ -98,22 +98,26 @@ def _time_call(fn, x: torch.Tensor, repeats: int) -> float:
 
 
 def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repeats: int,
-        dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+        dtype: torch.dtype = torch.bfloat16, only_paths: list[str] | None = None,
+        phases: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(threads)
     shapes = model_linear_shapes(config)
+    phases = {p: PHASES[p] for p in (phases or PHASES)}
     timings: dict[str, dict[str, list[float]]] = {}
     refused: dict[str, str] = {}
     built = {}
     for name, K, N, _count in shapes:
         for path, (impl, why) in _paths(group_size, K, N, dtype).items():
+            if only_paths and path not in only_paths:
+                continue
             if impl is None:
                 refused[path] = why
                 continue
             built[(name, path)] = _layer(impl, K, N, group_size, dtype, seed=K * 7 + N)
     paths = sorted({path for _, path in built})
-    inputs = {(name, phase): torch.randn(m, K).to(dtype) for name, K, _, _ in shapes for phase, m in PHASES.items()}
+    inputs = {(name, phase): torch.randn(m, K).to(dtype) for name, K, _, _ in shapes for phase, m in phases.items()}
     for pass_index in range(passes):
-        for phase in PHASES:
+        for phase in phases:
             # Interleaved: every path once per shape before the next pass.
             for path in paths:
                 total = 0.0
@@ -132,7 +136,7 @@ def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repe
         for phase, by_path in timings.items()
     }
     return {"shapes": shapes, "group_size": group_size, "threads": threads, "repeats": repeats,
-            "dtype": str(dtype).removeprefix("torch."), "phases": PHASES, "refused": refused,
+            "dtype": str(dtype).removeprefix("torch."), "phases": phases, "refused": refused,
             "summary": summary}
 
 
@@ -145,9 +149,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads (default: the usable cores minus vLLM's reserved ones, as its worker gets)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per shape; the fastest counts")
     parser.add_argument("--out", type=Path, default=None, help="results directory [results/<date>-kernel-paths-<model>]")
+    parser.add_argument("--paths", default=None,
+                        help="comma-separated paths to time (default: every path this CPU can run); "
+                        "an artifact with a subset does not feed the routing table")
+    parser.add_argument("--phases", default=None, help=f"comma-separated subset of {', '.join(PHASES)}")
     args = parser.parse_args(argv)
     if args.passes < 3:
         parser.error("--passes must be at least 3 (medians need 3)")
+    only_paths = args.paths.split(",") if args.paths else None
+    phases = args.phases.split(",") if args.phases else None
+    if phases and not set(phases) <= set(PHASES):
+        parser.error(f"--phases: choose from {', '.join(PHASES)}")
     from benchmarks.edge_harness.grid import resolve_model
     from vllm_omni_edge.cpu_features import cpu_class, usable_cores
     from vllm_omni_edge.patches.frontend.reserved_cores import default_reserved_cores
@@ -157,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or max(1, usable_cores() - (default_reserved_cores(usable_cores()) or 1))
     record = {"provenance": provenance.collect(grid_text="", argv=sys.argv), "model": args.model,
               "model_dir": str(model_dir), "cpu_class": cpu_class()}
-    record["result"] = run(config, args.passes, args.group_size, threads, args.repeats)
+    record["result"] = run(config, args.passes, args.group_size, threads, args.repeats,
+                           only_paths=only_paths, phases=phases)
+    record["complete"] = only_paths is None and phases is None
     record["provenance"]["finished"] = provenance.now_iso()
     out = args.out or RESULTS_ROOT / f"{time.strftime('%Y-%m-%d')}-kernel-paths-{model_dir.name}"
     atomic_write_bytes(out / "kernel_paths.json", json.dumps(record, indent=2).encode())

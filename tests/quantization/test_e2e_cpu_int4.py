@@ -33,3 +33,23 @@ def test_default_model_as_cpu_int4_answers_paris(default_model, tmp_path):
     # norms and the RoPE table -- no bf16 copy of any linear layer or of the head.
     assert by_dtype.get("uint8", 0) > 60 << 20, by_dtype
     assert by_dtype.get("bfloat16", 0) < 70 << 20, by_dtype
+
+
+@pytest.mark.e2e
+def test_default_model_on_avx2_w4a8_answers_paris_in_the_worker(default_model, tmp_path):
+    from tests.e2e.probe import run_probe
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+    from vllm_omni_edge.quantization.kernels import native
+
+    loaded, why = native.load_w4a8_avx2()
+    if not loaded:
+        pytest.skip(f"avx2_w4a8 op unavailable: {why}")
+    out = tmp_path / "smollm2-cpu-int4-g32"
+    build_cpu_int4_checkpoint(default_model, out, group_size=32, progress=False)
+    run = run_probe(out, tmp_path / "evidence", VLLM_OMNI_EDGE_INT4_KERNEL="avx2_w4a8")
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text, run.text
+    [worker] = run.workers
+    # Every linear layer and the head ran on the C++ op, in the worker process.
+    assert worker["cpu_int4_kernels"] == {"linear:avx2_w4a8": 120, "lm_head:avx2_w4a8": 1,
+                                          "fallback": 0, "dense_prefill_copy": 0}, worker["cpu_int4_kernels"]

@@ -56,6 +56,26 @@ def test_generated_table_keeps_the_newest_artifact_and_fills_unmeasured_classes(
     assert decide("x86-avx2", rows).decode_order == ("int4pack", "dequant")
 
 
+def test_newest_artifact_replaces_a_phase_whole_and_subsets_are_refused(tmp_path):
+    def artifact(name, started, decode, complete=True):
+        path = tmp_path / name
+        path.write_text(json.dumps({
+            "provenance": {"started": started}, "model": "default", "cpu_class": "x86-avx2", "complete": complete,
+            "result": {"threads": 1, "summary": {"decode": {
+                p: {"median_ms": ms, "min_ms": ms, "max_ms": ms, "passes_ms": [ms] * 3} for p, ms in decode.items()}}},
+        }))
+        return path
+
+    old = artifact("old.json", "2026-11-29T12:00", {"int4pack": 20.0, "dequant": 500.0})
+    new = artifact("new.json", "2026-11-30T12:00", {"int4pack": 25.0, "avx2_w4a8": 8.0})
+    mine = [r for r in generate.build_table([old, new])["rows"] if r["cpu_class"] == "x86-avx2"]
+    # The old run's dequant time is not ranked against the new run's times.
+    assert {r["path"]: r["median_ms"] for r in mine} == {"int4pack": 25.0, "avx2_w4a8": 8.0}
+    subset = artifact("subset.json", "2026-12-01T12:00", {"avx2_w4a8": 7.0}, complete=False)
+    with pytest.raises(generate.IncompleteArtifactError, match="subset"):
+        generate.build_table([old, subset])
+
+
 def test_a_broken_table_is_a_clear_error(tmp_path):
     bad = tmp_path / "t.json"
     bad.write_text("{not json")

@@ -3,7 +3,7 @@
 Checks what the install is known to get wrong: PyPI's CUDA builds of
 torchvision/torchaudio/torchcodec beside a CPU torch (each fails to load, and
 transformers imports torchvision whenever it is present), the versions we were
-written for, the ``vllm`` console script, and AMX.
+written for, the ``vllm`` console script, AMX, and our C++ kernels being built.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    warning: bool = False  # worth fixing, but nothing fails without it
 
 
 def _import_in_subprocess(module: str) -> tuple[bool, str]:
@@ -63,8 +64,20 @@ def version_checks() -> list[Check]:
     return checks
 
 
+def kernel_checks() -> list[Check]:
+    from vllm_omni_edge.quantization.kernels import native
+
+    if not native.x86_64():
+        return []
+    path = native.library_path()
+    if path.exists():
+        return [Check("avx2_w4a8", True, f"built ({path})")]
+    return [Check("avx2_w4a8", True, "not built: run `vllm-omni-edge build-kernels` "
+                  "(until then cpu_int4 runs on int4pack)", warning=True)]
+
+
 def run_checks() -> list[Check]:
-    checks = version_checks() + companion_checks()
+    checks = version_checks() + companion_checks() + kernel_checks()
     checks.append(Check("cpu", True, f"{cpu_model_name()}, class {cpu_class()}, "
                         f"{usable_cores()} usable cores"))
     return checks
@@ -74,6 +87,7 @@ def doctor() -> int:
     checks = run_checks()
     width = max(len(c.name) for c in checks)
     for c in checks:
-        print(f"{'ok ' if c.ok else 'BAD'}  {c.name:<{width}}  {c.detail}")
+        status = "BAD" if not c.ok else "warn" if c.warning else "ok "
+        print(f"{status:4} {c.name:<{width}}  {c.detail}")
     bad = [c for c in checks if not c.ok]
     return 1 if bad else 0

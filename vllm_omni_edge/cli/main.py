@@ -45,6 +45,21 @@ def _cmd_doctor(_args) -> int:
     return doctor()
 
 
+def _cmd_build_kernels(args) -> int:
+    from vllm_omni_edge.quantization.kernels import native
+
+    if not native.x86_64():
+        print("no C++ kernels for this architecture; cpu_int4 runs on int4pack/dequant")
+        return 0
+    try:
+        path = native.build_w4a8_avx2(verbose=args.verbose)
+    except native.KernelBuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def _cmd_patches(args) -> int:
     from vllm_omni_edge.patches.catalogue import records, render_markdown
 
@@ -103,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("doctor", help="check the environment").set_defaults(func=_cmd_doctor)
+
+    kernels = sub.add_parser(
+        "build-kernels",
+        help="compile our C++ cpu_int4 kernels for this machine (once; setup.sh runs it)",
+    )
+    kernels.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    kernels.set_defaults(func=_cmd_build_kernels)
 
     patches = sub.add_parser("patches", help="list our patches to vLLM")
     patches.add_argument("--markdown", action="store_true", help="print docs/edge/patches.md")

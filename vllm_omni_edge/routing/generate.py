@@ -23,18 +23,26 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Unmeasured classes: order from the one-off microbenchmark in shared/notes/field-measurements.md
 # (AMX Xeon, Qwen2.5-1.5B MLP shapes, group 128) and from which kernels exist per class.
 ASSUMED = {
-    "x86-amx": (["amx_w4a8", "int4pack", "dequant"],
+    "x86-amx": (["amx_w4a8", "int4pack", "avx2_w4a8", "dequant"],
                 "assumed: field-notes microbenchmark on an AMX Xeon (W4A8 0.17 ms vs tinygemm 0.38 ms "
                 "at decode shapes; W4A8 near bf16 at prefill, tinygemm ~11x slower); not a harness artifact"),
-    "x86-avx512-vnni": (["int4pack", "dequant"], "assumed: tinygemm has AVX-512 kernels; not measured here"),
-    "x86-avx512": (["int4pack", "dequant"], "assumed: tinygemm has AVX-512 kernels; not measured here"),
-    "x86-avx2": (["int4pack", "dequant"], "assumed: tinygemm's AVX2 kernels; superseded by a measured row"),
+    "x86-avx512-vnni": (["int4pack", "avx2_w4a8", "dequant"],
+                        "assumed: tinygemm has AVX-512 kernels, our op only AVX2 code; not measured here"),
+    "x86-avx512": (["int4pack", "avx2_w4a8", "dequant"],
+                   "assumed: tinygemm has AVX-512 kernels, our op only AVX2 code; not measured here"),
+    "x86-avx2": (["int4pack", "avx2_w4a8", "dequant"], "assumed: superseded by a measured row"),
     "other": (["dequant"], "assumed: only the pure-PyTorch fallback runs on any CPU"),
 }
 
 
+class IncompleteArtifactError(ValueError):
+    """A kernel_paths.json timed only some paths or phases: it cannot rank them all."""
+
+
 def rows_from_artifact(path: Path) -> list[dict]:
     record = json.loads(path.read_text())
+    if record.get("complete") is False:
+        raise IncompleteArtifactError(f"{path} timed a subset (--paths/--phases); it cannot feed the table")
     try:
         where = str(path.resolve().relative_to(PROJECT_ROOT))
     except ValueError:
@@ -50,11 +58,15 @@ def rows_from_artifact(path: Path) -> list[dict]:
 
 
 def build_table(artifacts: list[Path]) -> dict:
-    measured: dict[tuple[str, str, str], dict] = {}
+    # The newest artifact for a class and phase replaces that phase's rows whole: times
+    # from different runs (or models) are never ranked against each other.
+    measured: dict[tuple[str, str], list[dict]] = {}
     for path in sorted(artifacts, key=lambda p: json.loads(p.read_text())["provenance"]["started"]):
+        newest: dict[tuple[str, str], list[dict]] = {}
         for row in rows_from_artifact(path):
-            measured[(row["cpu_class"], row["phase"], row["path"])] = row  # newest wins
-    rows = list(measured.values())
+            newest.setdefault((row["cpu_class"], row["phase"]), []).append(row)
+        measured.update(newest)
+    rows = [row for phase_rows in measured.values() for row in phase_rows]
     covered = {row["cpu_class"] for row in rows}
     for cpu_class, (order, why) in ASSUMED.items():
         if cpu_class in covered:

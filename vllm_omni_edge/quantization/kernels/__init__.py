@@ -6,9 +6,11 @@ and shipped as a generated table; kernels the table does not rank follow in the
 static order below, the last resort being the slowest:
 1. ``amx_w4a8``: AMX Xeons, bf16 activations, integer zero points.
 2. ``int4pack``: tinygemm W4A16, any x86 CPU PyTorch supports (AVX2 here).
-3. ``dequant``: pure PyTorch, any shape, slow.
+3. ``avx2_w4a8``: our C++ op (int8 activations, float offsets), x86 with AVX2,
+   once built on the machine; ranked only where a table measured it.
+4. ``dequant``: pure PyTorch, any shape, slow.
 
-``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|dequant`` forces one kernel; a
+``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|dequant`` forces one kernel; a
 layer the forced kernel cannot run is an error, not a silent fallback.
 """
 
@@ -19,16 +21,20 @@ import os
 import torch
 
 from vllm_omni_edge.quantization.kernels.amx_w4a8 import AmxW4A8Kernel
+from vllm_omni_edge.quantization.kernels.avx2_w4a8 import Avx2W4A8Kernel
 from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel
 from vllm_omni_edge.quantization.kernels.dequant import DequantFallbackKernel
 from vllm_omni_edge.quantization.kernels.int4pack import Int4PackCpuKernel
 
 KERNEL_ENV = "VLLM_OMNI_EDGE_INT4_KERNEL"
-PREFERENCE: tuple[type[Int4Kernel], ...] = (AmxW4A8Kernel, Int4PackCpuKernel, DequantFallbackKernel)
+PREFERENCE: tuple[type[Int4Kernel], ...] = (
+    AmxW4A8Kernel, Int4PackCpuKernel, Avx2W4A8Kernel, DequantFallbackKernel
+)
 KERNELS: dict[str, type[Int4Kernel]] = {k.name: k for k in PREFERENCE}
 
 __all__ = [
     "AmxW4A8Kernel",
+    "Avx2W4A8Kernel",
     "CpuFeatures",
     "DequantFallbackKernel",
     "Int4Kernel",

@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
+
+from vllm_omni_edge.levers import int4_dense_prefill_copy
+from vllm_omni_edge.quantization.int4 import dequantize
+
+# Rows per call from which the dense copy (if kept) is used: prefill, not decode.
+DENSE_MIN_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -72,3 +79,21 @@ def set_weight(layer: torch.nn.Module, name: str, tensor: torch.Tensor | None) -
 
 def as_2d(x: torch.Tensor, K: int) -> torch.Tensor:
     return x.reshape(-1, K).contiguous()
+
+
+def keep_dense_copy_if_asked(layer: torch.nn.Module) -> None:
+    """The second layout (``VLLM_OMNI_EDGE_INT4_LAYOUTS=two``): a dense copy for prefill.
+
+    Made from the stored triple before the kernel repacks it; any kernel may keep it.
+    """
+    if int4_dense_prefill_copy():
+        set_weight(layer, "dense_weight", dequantize(
+            layer.qweight.data, layer.scales.data, layer.zeros.data, dtype=layer.int4_act_dtype))
+
+
+def dense_prefill(layer: torch.nn.Module, x2: torch.Tensor) -> torch.Tensor | None:
+    """``F.linear`` on the dense copy for calls of ``DENSE_MIN_ROWS`` rows or more, if kept."""
+    dense = getattr(layer, "dense_weight", None)
+    if dense is None or x2.shape[0] < DENSE_MIN_ROWS:
+        return None
+    return F.linear(x2, dense)

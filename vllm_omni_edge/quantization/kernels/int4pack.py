@@ -15,17 +15,23 @@ Verified on torch 2.13 (tests/quantization/test_kernels.py):
 
 One layout by default. ``VLLM_OMNI_EDGE_INT4_LAYOUTS=two`` also keeps a dense
 copy in the activation dtype and sends calls of ``DENSE_MIN_ROWS`` rows or more
-(prefill) to ``F.linear`` on it: the memory-for-prefill trade, as an A/B.
+(prefill) to ``F.linear`` on it (``base.keep_dense_copy_if_asked``): the
+memory-for-prefill trade, as an A/B.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from vllm_omni_edge.levers import int4_dense_prefill_copy
-from vllm_omni_edge.quantization.int4 import dequantize, has_float_zero, unpack_nibbles
-from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel, as_2d, set_weight
+from vllm_omni_edge.quantization.int4 import has_float_zero, unpack_nibbles
+from vllm_omni_edge.quantization.kernels.base import (
+    CpuFeatures,
+    Int4Kernel,
+    as_2d,
+    dense_prefill,
+    keep_dense_copy_if_asked,
+    set_weight,
+)
 
 TINYGEMM_GROUP_SIZES = (32, 64, 128, 256)
 TINYGEMM_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -33,8 +39,6 @@ TINYGEMM_ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # converting a 150k-row LM head at once would need ~1 GB of transient memory.
 # A multiple of 64 keeps chunk boundaries on the packer's row blocks.
 _CONVERT_ROWS = 4096
-# Rows per call from which the dense copy (if kept) is used: prefill, not decode.
-DENSE_MIN_ROWS = 16
 
 
 class Int4PackCpuKernel(Int4Kernel):
@@ -55,8 +59,7 @@ class Int4PackCpuKernel(Int4Kernel):
     def process_weights(self, layer):
         qweight, scales, zeros = layer.qweight.data, layer.scales.data, layer.zeros.data
         act_dtype = layer.int4_act_dtype
-        if int4_dense_prefill_copy():
-            set_weight(layer, "dense_weight", dequantize(qweight, scales, zeros, dtype=act_dtype))
+        keep_dense_copy_if_asked(layer)
         n = qweight.shape[0]
         packed = torch.empty_like(qweight)
         for start in range(0, n, _CONVERT_ROWS):
@@ -74,10 +77,8 @@ class Int4PackCpuKernel(Int4Kernel):
     def apply(self, layer, x, bias):
         K = layer.int4_in_features
         x2 = as_2d(x, K)
-        dense = getattr(layer, "dense_weight", None)
-        if dense is not None and x2.shape[0] >= DENSE_MIN_ROWS:
-            out = F.linear(x2, dense)
-        else:
+        out = dense_prefill(layer, x2)
+        if out is None:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2, layer.qweight, layer.int4_group_size, layer.scales_and_zeros
             )

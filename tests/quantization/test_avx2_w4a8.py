@@ -1,0 +1,179 @@
+"""The AVX2 W4A8 C++ op against two references, its envelope, and its build cache.
+
+Two references, because the op has two error sources: against a PyTorch model of
+exactly what it computes (activations quantized per 32 the same way) it must
+agree to float rounding, which proves the integer math, the nibble order and
+the offset term; against the exact float product it must stay within the
+activation-rounding error, which bounds what a user loses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.quantization.helpers import int4_layer, relative_error
+from vllm_omni_edge.quantization import int4
+from vllm_omni_edge.quantization.kernels import (
+    KERNEL_ENV,
+    Avx2W4A8Kernel,
+    CpuFeatures,
+    KernelUnavailableError,
+    choose_kernel,
+    native,
+)
+
+LOADED, WHY = native.load_w4a8_avx2()
+needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WHY}")
+
+# Against the model of the op: fp32 accumulation order differs, nothing else
+# (worst seen 3e-7 in fp32 over these shapes).
+MODEL_TOLERANCE = 1e-5
+# Against the exact product: int8 activations per 32 (absmax/127) on Gaussian inputs
+# gave 0.4-0.6 % relative error here; 2 % still catches a wrong nibble order (~100 %)
+# or a dropped offset term (> 50 %).
+EXACT_TOLERANCE = 0.02
+OUTPUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+# (N, K, group): one block; N below any tile; N past a weight chunk with a remainder;
+# every group size; Qwen's down_proj K (8960 = 280 blocks).
+SHAPES = [(1, 32, 32), (7, 64, 32), (37, 512, 64), (48, 512, 128), (40, 1024, 256), (24, 8960, 32)]
+
+
+def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
+    """What w4a8_mm computes, in PyTorch: int8 activations per block of 32, float offsets."""
+    M, K = x.shape
+    xf = x.float().reshape(M, K // 32, 32)
+    block_scale = xf.abs().amax(-1, keepdim=True) / 127
+    qa = torch.where(block_scale > 0, torch.round(xf / block_scale), torch.zeros_like(xf))
+    xq = (qa * block_scale).reshape(M, K)
+    n, groups = scales.shape
+    q = int4.unpack_nibbles(qweight).float().reshape(n, groups, -1)
+    # d * sum(q * xq) + m * sum(x): the scale term on quantized x, the offset term on exact x.
+    scale_part = xq @ (q * scales.float().unsqueeze(-1)).reshape(n, K).t()
+    offset_part = x.float().reshape(M, groups, -1).sum(-1) @ offsets.float().t()
+    return scale_part + offset_part
+
+
+def run(N, K, g, M, act_dtype=torch.float32, seed=0):
+    layer, weight = int4_layer(N, K, g, act_dtype, seed)
+    stored = layer.qweight.data
+    kernel = Avx2W4A8Kernel()
+    kernel.process_weights(layer)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(act_dtype)
+    return kernel.apply(layer, x, None), x, layer, weight, stored
+
+
+@needs_op
+@pytest.mark.parametrize("N,K,g", SHAPES)
+@pytest.mark.parametrize("M", [1, 3, 4, 9])
+def test_matches_model_of_op_and_exact_product(N, K, g, M):
+    out, x, layer, weight, _ = run(N, K, g, M)
+    assert out.shape == (M, N) and out.dtype == torch.float32
+    assert relative_error(out, model_of_op(x, layer.qweight, layer.scales, layer.zeros)) < MODEL_TOLERANCE
+    assert relative_error(out, F.linear(x, weight)) < EXACT_TOLERANCE
+
+
+@needs_op
+@pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_activations(act_dtype):
+    out, x, _, weight, _ = run(96, 576, 32, 5, act_dtype)
+    assert out.dtype == act_dtype
+    assert relative_error(out, F.linear(x.float(), weight)) < EXACT_TOLERANCE + OUTPUT_ROUNDING[act_dtype]
+
+
+@needs_op
+def test_zero_rows_and_bias_and_3d():
+    layer, weight = int4_layer(32, 128, 32, torch.float32)
+    kernel = Avx2W4A8Kernel()
+    kernel.process_weights(layer)
+    x = torch.randn(2, 3, 128)
+    x[0, 1] = 0  # an all-zero block must give exactly the bias, not NaN
+    bias = torch.randn(32)
+    out = kernel.apply(layer, x, bias)
+    assert out.shape == (2, 3, 32)
+    assert torch.equal(out[0, 1], bias)
+    assert relative_error(out, F.linear(x, weight, bias)) < EXACT_TOLERANCE
+
+
+@needs_op
+def test_runs_on_the_stored_weights_without_a_copy():
+    _, _, layer, _, stored = run(64, 256, 32, 1)
+    assert layer.qweight.data_ptr() == stored.data_ptr()
+    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
+
+
+@needs_op
+def test_op_rejects_bad_shapes_by_name():
+    layer, _ = int4_layer(16, 64, 32, torch.float32)
+    op = torch.ops.edge_cpu_int4.w4a8_mm
+    with pytest.raises(RuntimeError, match="group size 48 is not a multiple of 32"):
+        op(torch.randn(1, 64), layer.qweight, layer.scales, layer.zeros, 48)
+    with pytest.raises(RuntimeError, match="does not match K=128"):
+        op(torch.randn(1, 128), layer.qweight, layer.scales, layer.zeros, 32)
+    with pytest.raises(RuntimeError, match="must be bf16"):
+        op(torch.randn(1, 64), layer.qweight, layer.scales.float(), layer.zeros, 32)
+
+
+def test_envelope_is_what_can_implement_says():
+    features = CpuFeatures.detect()
+    ok, why = Avx2W4A8Kernel.can_implement(features, 32, 64, 16, torch.bfloat16, float_zero=False)
+    assert not ok and "float offsets" in why
+    ok, why = Avx2W4A8Kernel.can_implement(features, 48, 96, 16, torch.bfloat16, float_zero=True)
+    assert not ok and "multiple of 32" in why
+    no_avx2 = CpuFeatures(capability="DEFAULT", amx=False, vllm_w4a8_op=False)
+    ok, why = Avx2W4A8Kernel.can_implement(no_avx2, 32, 64, 16, torch.bfloat16, float_zero=True)
+    assert not ok and "needs AVX2" in why
+
+
+def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):
+    # A fresh interpreter: this one may have loaded the op already.
+    code = ("import json; from vllm_omni_edge.quantization.kernels import native; "
+            "print(json.dumps(native.load_w4a8_avx2()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, native.CACHE_ENV: str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded, why = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not loaded and "vllm-omni-edge build-kernels" in why
+    assert list(tmp_path.iterdir()) == []  # nothing compiled, nothing written
+
+
+def test_library_name_follows_source_and_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    edited = tmp_path / "w4a8_avx2.cpp"
+    edited.write_bytes(native.W4A8_AVX2_SOURCE.read_bytes() + b"\n// edited\n")
+    shipped = native.library_path()
+    assert shipped.parent == tmp_path
+    assert native.library_path(edited) != shipped
+    assert native.library_path(flags=native.W4A8_AVX2_FLAGS + ("-g",)) != shipped
+
+
+@needs_op
+def test_forced_by_env_or_refused_for_integer_zero_points(monkeypatch):
+    monkeypatch.setenv(KERNEL_ENV, "avx2_w4a8")
+    features = CpuFeatures.detect()
+    kernel, reason = choose_kernel(features, 32, 576, 576, torch.bfloat16, float_zero=True)
+    assert kernel is Avx2W4A8Kernel and KERNEL_ENV in reason
+    with pytest.raises(KernelUnavailableError, match="float offsets"):
+        choose_kernel(features, 32, 576, 576, torch.bfloat16, float_zero=False)
+
+
+@needs_op
+def test_second_layout_serves_prefill_and_the_op_serves_decode(monkeypatch):
+    from vllm_omni_edge.quantization.kernels.base import DENSE_MIN_ROWS
+
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_LAYOUTS", "two")
+    layer, weight = int4_layer(32, 256, 32, torch.float32)
+    kernel = Avx2W4A8Kernel()
+    kernel.process_weights(layer)
+    assert torch.equal(layer.dense_weight, weight)
+    prefill, decode = torch.randn(DENSE_MIN_ROWS, 256), torch.randn(1, 256)
+    assert torch.equal(kernel.apply(layer, prefill, None), F.linear(prefill, layer.dense_weight))
+    # Decode goes through the op: int8-activation error, not the dense product's exactness.
+    out = kernel.apply(layer, decode, None)
+    assert torch.equal(out, torch.ops.edge_cpu_int4.w4a8_mm(decode, layer.qweight, layer.scales, layer.zeros, 32))

@@ -1,0 +1,204 @@
+// W4A8 matmul for AVX2 CPUs: cpu_int4 weights (format 2: unsigned 4-bit, per-group bf16
+// scale and offset) times activations quantized on the fly to int8 in blocks of 32, the
+// Q4_1 x Q8_1 dot product llama.cpp decodes with.
+//
+// Per 32-block b of a weight row in group g (scale d, offset m) and an activation row
+// quantized as x ~= da_b * qa:
+//     sum_k w_k x_k ~= d * da_b * sum_k q_k qa_k  +  m * sum_{k in g} x_k
+// The integer dot is _mm256_maddubs_epi16 (u8 x s8; 15 * 127 * 2 fits int16) then
+// _mm256_madd_epi16; the offset term uses the exact float sum of x, so only the
+// activation rounding (<= da_b / 2 per element) adds error to the weight error.
+//
+// Weights are read in the stored layout (qweight uint8 [N, K/2], low nibble = even k,
+// high nibble = odd k): no repack, no second copy. The activations are written in the
+// matching order instead (per block, the 16 even k then the 16 odd k), once per call.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+// Activation rows sharing one unpacked weight block (prefill): 4 accumulators plus
+// their operands fit AVX2's 16 ymm registers.
+constexpr int64_t kRowTile = 4;
+// Weight rows per chunk: 16 rows of K = 8960 are 70 KiB, inside a 512 KiB L2.
+constexpr int64_t kWeightChunk = 16;
+
+inline float bf16_to_float(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+struct QuantizedActivations {
+  std::vector<int8_t> q;          // [M, K], each block reordered to the nibble order
+  std::vector<float> block_scale;  // [M, K / 32]
+  std::vector<float> group_sum;    // [M, K / group_size], exact float sums of x
+};
+
+template <typename T>
+void quantize_row(const T* x, int64_t K, int64_t group_size, int8_t* q, float* block_scale,
+                  float* group_sum) {
+  const int64_t blocks_per_group = group_size / kBlock;
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    float v[kBlock];
+    float amax = 0.f;
+    float sum = 0.f;
+    for (int64_t i = 0; i < kBlock; ++i) {
+      v[i] = static_cast<float>(x[b * kBlock + i]);
+      amax = std::max(amax, std::fabs(v[i]));
+      sum += v[i];
+    }
+    const float d = amax / 127.f;
+    const float inv = d > 0.f ? 1.f / d : 0.f;
+    int8_t* qb = q + b * kBlock;
+    for (int64_t i = 0; i < kBlock / 2; ++i) {
+      qb[i] = static_cast<int8_t>(std::nearbyint(v[2 * i] * inv));
+      qb[kBlock / 2 + i] = static_cast<int8_t>(std::nearbyint(v[2 * i + 1] * inv));
+    }
+    block_scale[b] = d;
+    const int64_t g = b / blocks_per_group;
+    group_sum[g] = (b % blocks_per_group ? group_sum[g] : 0.f) + sum;
+  }
+}
+
+// 32 weights of one block, in the activations' order: low nibbles, then high nibbles.
+inline __m256i unpack_block(const uint8_t* p) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i even = _mm_and_si128(packed, low4);
+  const __m128i odd = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+  return _mm256_set_m128i(odd, even);
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// One weight row against R activation rows (R <= kRowTile); results to out[r * N].
+// Prefill takes R = 4: each unpacked weight block serves four activation rows. Decode
+// (R = 1) streams one weight row at a time: tiles of 2 or 4 weight rows (independent
+// FMA chains) measured 1.5x slower here (kernel_bench, Qwen decode shapes, 1 thread),
+// the extra weight streams costing more than the FMA latency they hide.
+template <int R>
+void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
+             int64_t group_size, const QuantizedActivations& a, int64_t row0, float* out,
+             int64_t N) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t blocks = K / kBlock;
+  const int64_t groups = K / group_size;
+  const int64_t blocks_per_group = group_size / kBlock;
+  const int8_t* q[R];
+  const float* qs[R];
+  const float* gs[R];
+  __m256 acc[R];
+  float offset_term[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = a.q.data() + (row0 + r) * K;
+    qs[r] = a.block_scale.data() + (row0 + r) * blocks;
+    gs[r] = a.group_sum.data() + (row0 + r) * groups;
+    acc[r] = _mm256_setzero_ps();
+    offset_term[r] = 0.f;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const float d = bf16_to_float(scale[g]);
+    const float m = bf16_to_float(offset[g]);
+    for (int r = 0; r < R; ++r) offset_term[r] += m * gs[r][g];
+    for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
+      const __m256i wq = unpack_block(w + b * (kBlock / 2));
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[r] + b * kBlock));
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, x), ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * qs[r][b]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r * N] = horizontal_sum(acc[r]) + offset_term[r];
+}
+
+void dot_rows(int64_t rows, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+              int64_t K, int64_t group_size, const QuantizedActivations& a, int64_t row0,
+              float* out, int64_t N) {
+  switch (rows) {
+    case 4: return dot_row<4>(w, scale, offset, K, group_size, a, row0, out, N);
+    case 3: return dot_row<3>(w, scale, offset, K, group_size, a, row0, out, N);
+    case 2: return dot_row<2>(w, scale, offset, K, group_size, a, row0, out, N);
+    default: return dot_row<1>(w, scale, offset, K, group_size, a, row0, out, N);
+  }
+}
+
+at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                   const at::Tensor& offsets, int64_t group_size) {
+  TORCH_CHECK(x.dim() == 2, "w4a8_mm: x must be 2-D [M, K], got ", x.sizes());
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
+              "w4a8_mm: qweight must be uint8 [N, K/2]");
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  TORCH_CHECK(group_size > 0 && group_size % kBlock == 0,
+              "w4a8_mm: group size ", group_size, " is not a multiple of 32");
+  TORCH_CHECK(K % group_size == 0, "w4a8_mm: group size ", group_size, " does not divide K=", K);
+  TORCH_CHECK(qweight.size(1) * 2 == K, "w4a8_mm: qweight ", qweight.sizes(), " does not match K=", K);
+  const int64_t groups = K / group_size;
+  for (const auto* t : {&scales, &offsets}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N &&
+                    t->size(1) == groups,
+                "w4a8_mm: scales and offsets must be bf16 [", N, ", ", groups, "], got ",
+                t->scalar_type(), " ", t->sizes());
+  }
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor w = qweight.contiguous();
+  const at::Tensor s = scales.contiguous();
+  const at::Tensor o = offsets.contiguous();
+
+  QuantizedActivations a;
+  a.q.resize(M * K);
+  a.block_scale.resize(M * (K / kBlock));
+  a.group_sum.resize(M * groups);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_quantize", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_row(xp + m * K, K, group_size, a.q.data() + m * K,
+                     a.block_scale.data() + m * (K / kBlock), a.group_sum.data() + m * groups);
+      }
+    });
+  });
+
+  at::Tensor out32 = at::empty({M, N}, x.options().dtype(at::kFloat));
+  float* outp = out32.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(s.data_ptr<at::BFloat16>());
+  const uint16_t* op = reinterpret_cast<const uint16_t*>(o.data_ptr<at::BFloat16>());
+  // Weight rows in chunks that stay in L2 while every activation tile passes over them.
+  at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
+    for (int64_t n0 = begin; n0 < end; n0 += kWeightChunk) {
+      const int64_t n1 = std::min(end, n0 + kWeightChunk);
+      for (int64_t m = 0; m < M; m += kRowTile) {
+        for (int64_t n = n0; n < n1; ++n) {
+          dot_rows(std::min(kRowTile, M - m), wp + n * (K / 2), sp + n * groups, op + n * groups,
+                   K, group_size, a, m, outp + m * N + n, N);
+        }
+      }
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(edge_cpu_int4, m) {
+  m.def("w4a8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) { m.impl("w4a8_mm", &w4a8_mm); }

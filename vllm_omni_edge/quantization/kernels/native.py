@@ -1,0 +1,117 @@
+"""Our C++ kernels: built once per machine (``vllm-omni-edge build-kernels``, run by
+``scripts/setup.sh``), loaded by every process that quantizes.
+
+A library is named after the hash of its source, the compile flags and the torch
+version, so a stale build is never loaded: an edited source or a new torch means
+"not built" until the next build. Loading never compiles (a worker must not
+spend a minute in g++ during model load); a kernel whose library is missing
+says so in its ``can_implement`` reason and the chooser moves on.
+
+The build goes through ``torch.utils.cpp_extension`` (ninja, the g++ torch was
+built for) into a temporary directory, and the finished ``.so`` is moved into
+place atomically: a crashed build leaves nothing that looks built.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+CACHE_ENV = "VLLM_OMNI_EDGE_KERNEL_CACHE"
+CSRC = Path(__file__).parent / "csrc"
+W4A8_AVX2_SOURCE = CSRC / "w4a8_avx2.cpp"
+# -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
+# kernel runs on one thread whatever torch.set_num_threads says. The runtime is
+# torch's own libgomp (same soname, already loaded), so thread counts are shared.
+W4A8_AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+OP_NAMESPACE = "edge_cpu_int4"
+
+
+class KernelBuildError(RuntimeError):
+    """The C++ kernel could not be compiled on this machine."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    ) / "vllm_omni_edge" / "kernels"
+    return Path(root)
+
+
+def library_path(source: Path = W4A8_AVX2_SOURCE, flags: tuple[str, ...] = W4A8_AVX2_FLAGS) -> Path:
+    digest = hashlib.sha256()
+    digest.update(source.read_bytes())
+    digest.update(" ".join(flags).encode())
+    digest.update(torch.__version__.encode())
+    return cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+
+
+def x86_64() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def build_w4a8_avx2(verbose: bool = False) -> Path:
+    """Compile the AVX2 W4A8 kernel if this source/torch has no library yet; its path."""
+    target = library_path()
+    if target.exists():
+        return target
+    if not x86_64():
+        raise KernelBuildError(f"the AVX2 kernel is x86-64 only; this machine is {platform.machine()}")
+    from torch.utils import cpp_extension
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as build:
+        name = target.stem.replace("-", "_")
+        try:
+            cpp_extension.load(
+                name=name,
+                sources=[str(W4A8_AVX2_SOURCE)],
+                extra_cflags=list(W4A8_AVX2_FLAGS),
+                extra_ldflags=["-fopenmp"],
+                build_directory=build,
+                is_python_module=False,
+                is_standalone=False,
+                verbose=verbose,
+            )
+        except Exception as e:  # compiler missing, headers missing, a compile error
+            raise KernelBuildError(f"building {W4A8_AVX2_SOURCE.name} failed: {e}") from e
+        built = Path(build) / f"{name}.so"
+        if not built.exists():
+            raise KernelBuildError(f"the build wrote no {built.name} in {build}")
+        tmp = target.with_suffix(".so.tmp")
+        shutil.copyfile(built, tmp)
+        os.replace(tmp, target)
+    return target
+
+
+@functools.cache
+def load_w4a8_avx2() -> tuple[bool, str]:
+    """(loaded, why not): load the built library into this process, once."""
+    if hasattr(torch.ops, OP_NAMESPACE) and hasattr(getattr(torch.ops, OP_NAMESPACE), "w4a8_mm"):
+        return True, "loaded"
+    if not x86_64():
+        return False, f"x86-64 only (this machine is {platform.machine()})"
+    path = library_path()
+    if not path.exists():
+        return False, f"not built for this source and torch {torch.__version__}: run `vllm-omni-edge build-kernels`"
+    try:
+        torch.ops.load_library(str(path))
+    except Exception as e:
+        return False, f"{path.name} did not load: {e}"
+    _register_fake()
+    return True, f"loaded {path.name}"
+
+
+def _register_fake() -> None:
+    """Shape-only implementation, so torch.compile can trace through the op."""
+
+    @torch.library.register_fake(f"{OP_NAMESPACE}::w4a8_mm")
+    def _(x, qweight, scales, offsets, group_size):
+        return x.new_empty((x.shape[0], qweight.shape[0]))
