@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -90,7 +91,14 @@ def pass_main(run_pass: Callable[[dict], dict], description: str, argv: list[str
     tmp = args.out.with_suffix(".partial")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     tmp.replace(args.out)  # a result file exists only if it is complete
-    return 0
+    # The engine is shut down by run_pass. Leave without C++ static destructors: vLLM 0.30's
+    # front end aborted in about 1 exit in 3 with "terminate called without an active
+    # exception" after complete passes (2026-11-30-cpu-int4-default; the fidelity-bound test
+    # on 2026-12-01, 2 of 6 runs), after every process had shut down cleanly; cause not
+    # found (not reproduced under gdb). A crash before this point still fails the pass.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,8 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
     workloads = run_workloads(spec["workloads"], runner.run,
                               start_up_figures(timings, "load", load_s, "wall clock: vllm.LLM(...) constructor"))
     pass_events.emit(events, pass_events.WORKLOADS_DONE)
+    # Stop the engine core and workers now, not at interpreter exit (pass_main leaves with os._exit).
+    llm.llm_engine.engine_core.shutdown()
 
     return {
         "engine": "vllm",
