@@ -85,3 +85,26 @@ def test_the_default_is_to_block_at_once(monkeypatch):
     assert shm_spin_seconds() == 0.0
     monkeypatch.setenv("VLLM_OMNI_EDGE_SHM_SPIN_S", "0.002")
     assert shm_spin_seconds() == 0.002
+
+
+def test_a_missed_notification_costs_at_most_the_poll_cap_after_a_read():
+    # No writer ever notifies: what a lost wake-up looks like to the reader.
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    from vllm_omni_edge.patches.worker import shm_reader_wait
+
+    shm_reader_wait._wrap(shm_broadcast, 0.0)  # idempotent: a no-op if already applied
+    context = zmq.Context()
+    try:
+        condition = shm_broadcast.SpinCondition(True, context, "inproc://edge-missed-notify", busy_loop_s=0)
+        condition.record_read()
+        start = time.monotonic()
+        condition.wait(timeout_ms=2000)
+        assert time.monotonic() - start < 0.2  # capped at POLL_CAP_MS, not vLLM's 2 s
+        condition.last_read -= shm_reader_wait.RECENT_READ_S + 1  # idle since long ago
+        start = time.monotonic()
+        condition.wait(timeout_ms=300)
+        assert time.monotonic() - start >= 0.25  # an idle reader blocks as before
+    finally:
+        context.destroy(linger=0)

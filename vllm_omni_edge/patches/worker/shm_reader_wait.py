@@ -10,6 +10,15 @@ profile (``2026-11-30-decode-profile-loaded``) put 77 % of the engine core's sam
 the worker both cores cut decode to 0.51×). The writer sends a notification after every
 enqueue (``MessageQueue.enqueue``), and the socket is CONFLATE, so a reader that blocks
 still wakes on each message; it pays one poll wake-up (tens of µs) per step instead.
+A lost wake-up made this unsafe on its own: in the w4a8-qwen grid (2026-12-01, three
+processes, one model core) the engine core sat in ``poll`` waiting for a step output
+the worker had already written, while the worker waited for the next step, both idle,
+until vLLM's recheck interval expired: decode fell to 0.64 tok/s. (vLLM's own 1 s spin
+never relies on the notification during decode, which hides the race.) So for
+``RECENT_READ_S`` after a read the blocking poll is capped at ``POLL_CAP_MS``: a
+missed notification costs at most that, and a reader waiting between steps still
+sleeps (one wake-up per millisecond, not a ``sched_yield`` loop). Idle readers block as
+before once the window has passed.
 Flag: ``VLLM_OMNI_EDGE_SHM_SPIN_S`` (seconds, ≥ 0); ``1`` restores vLLM's behaviour.
 Verified by: tests/test_shm_reader_wait.py (a real MessageQueue pair: readers get the
 setting, messages arrive with no spinning, a reader blocked in poll uses no CPU); the
@@ -20,6 +29,8 @@ hard-codes ``busy_loop_s=1``).
 
 from __future__ import annotations
 
+import time
+
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
@@ -27,15 +38,20 @@ TARGET_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 
 RECORD = PatchRecord(
     name="shm_reader_wait",
-    target="vllm.distributed.device_communicators.shm_broadcast.SpinCondition.__init__",
+    target="vllm.distributed.device_communicators.shm_broadcast.SpinCondition.__init__ and .wait",
     process=Process.WORKER,  # readers live in the engine core and in each worker
-    why="vLLM's shm queue readers poll sched_yield for 1 s after each read: a whole core of a 2-core box during decode.",
-    verified_by="tests/test_shm_reader_wait.py (real MessageQueue); engine_core CPU s in the edge-default A/B.",
+    why="vLLM's shm queue readers poll sched_yield for 1 s after each read: a whole core of a 2-core box during decode; "
+        "blocking instead needs a short poll cap after a read, or a missed notification stalls a step.",
+    verified_by="tests/test_shm_reader_wait.py (real MessageQueue; a missed notification costs <= the cap); "
+        "engine_core CPU s in the edge-default A/B.",
     remove_when="vLLM makes SpinCondition.busy_loop_s configurable or adaptive on CPU.",
 )
 
 # busy_loop_s of every reader created in this process, for the evidence.
 reader_busy_loop_s: list[float] = []
+# After a read, block for at most this long per poll (bounds a missed notification).
+POLL_CAP_MS = 1
+RECENT_READ_S = 1.0
 
 
 def apply() -> str:
@@ -60,3 +76,12 @@ def _wrap(module, seconds: float) -> None:
         return __init__
 
     wrap_method_once(module.SpinCondition, "__init__", make)
+
+    def make_wait(original):
+        def wait(self, timeout_ms=None):
+            if self.is_reader and time.monotonic() <= self.last_read + RECENT_READ_S:
+                timeout_ms = POLL_CAP_MS if timeout_ms is None else min(timeout_ms, POLL_CAP_MS)
+            return original(self, timeout_ms=timeout_ms)
+        return wait
+
+    wrap_method_once(module.SpinCondition, "wait", make_wait)
