@@ -22,6 +22,15 @@ def routed_kernel(K: int, N: int) -> str:
     return choose_kernel(CpuFeatures.detect(), int4.DEFAULT_GROUP_SIZE, K, N, BF16, float_zero=True)[0].name
 
 
+def kernel_tolerance() -> float:
+    """Relative error allowed against the exact product for the router's kernel, bf16 output.
+
+    W4A16 kernels are exact up to bf16 rounding (1e-2); W4A8 adds int8 activations (2 %,
+    tests/quantization/test_avx2_w4a8.py) on top. A wrong shard order errs by ~100 %.
+    """
+    return 3e-2 if routed_kernel(576, 576) == "avx2_w4a8" else 1e-2
+
+
 def quantized(weight):
     """The stored triple for a weight and the exact weights it stands for."""
     triple = int4.quantize(weight, int4.group_size_for(weight.shape[1], int4.DEFAULT_GROUP_SIZE))
@@ -99,7 +108,7 @@ def test_qkv_and_gate_up_shards_load_and_match(vllm_single_process):
         x = torch.randn(5, 576).to(BF16)
         ref = F.linear(x.float(), torch.cat([triples[k][1] for k in keys]))
         out, _ = layer(x)
-        assert relative_error(out, ref) < 1e-2
+        assert relative_error(out, ref) < kernel_tolerance()
     counts = evidence.kernel_counts()
     assert sum(v for k, v in counts.items() if k.startswith("linear:")) == 2
 
@@ -119,7 +128,7 @@ def test_online_quantization_of_bf16_weights(vllm_single_process):
     x = torch.randn(3, 1536).to(BF16)
     out, _ = layer(x)
     _, exact = quantized(w)
-    assert relative_error(out, F.linear(x.float(), exact, b.float())) < 1e-2
+    assert relative_error(out, F.linear(x.float(), exact, b.float())) < kernel_tolerance()
 
 
 def test_layerwise_load_quantizes_each_layer_when_its_last_shard_arrives(vllm_single_process):
@@ -142,7 +151,7 @@ def test_layerwise_load_quantizes_each_layer_when_its_last_shard_arrives(vllm_si
     qkv.quant_method.process_weights_after_loading(qkv)  # vLLM's final pass: a no-op now
     x = torch.randn(3, 576).to(BF16)
     exact = torch.cat([quantized(shards[k].to(BF16))[1] for k in ("q", "k", "v")])
-    assert relative_error(qkv(x)[0], F.linear(x.float(), exact)) < 1e-2
+    assert relative_error(qkv(x)[0], F.linear(x.float(), exact)) < kernel_tolerance()
 
 
 def test_whole_model_load_keeps_bf16_until_the_end(vllm_single_process, monkeypatch):
@@ -174,7 +183,7 @@ def test_two_layouts_keep_a_dense_copy_used_only_for_prefill(vllm_single_process
     assert torch.equal(layer.dense_weight.float(), exact.to(BF16).float())
     prefill, decode = torch.randn(DENSE_MIN_ROWS, 256).to(BF16), torch.randn(1, 256).to(BF16)
     assert torch.equal(layer(prefill)[0], F.linear(prefill, layer.dense_weight))
-    assert relative_error(layer(decode)[0], F.linear(decode.float(), exact)) < 1e-2
+    assert relative_error(layer(decode)[0], F.linear(decode.float(), exact)) < kernel_tolerance()
     assert evidence.kernel_counts()["dense_prefill_copy"] == 1
 
 
@@ -214,7 +223,7 @@ def test_tied_head_gets_own_4bit_copy_embedding_stays_bf16(vllm_single_process):
     assert head.qweight.dtype == torch.uint8
     h = torch.randn(2, 128).to(BF16)
     _, exact = quantized(table)
-    assert relative_error(head.quant_method.apply(head, h), F.linear(h.float(), exact)) < 1e-2
+    assert relative_error(head.quant_method.apply(head, h), F.linear(h.float(), exact)) < kernel_tolerance()
     assert evidence.kernel_counts()[f"lm_head:{routed_kernel(128, 320)}"] == 1
 
 
@@ -232,7 +241,7 @@ def test_prequantized_head_loads_through_vocab_loader_with_padding(vllm_single_p
     h = torch.randn(3, 128).to(BF16)
     logits = head.quant_method.apply(head, h)
     assert logits.shape == (3, 320)
-    assert relative_error(logits[:, :300], F.linear(h.float(), exact)) < 1e-2
+    assert relative_error(logits[:, :300], F.linear(h.float(), exact)) < kernel_tolerance()
     assert float(logits[:, 300:].abs().max()) == 0.0
 
 
