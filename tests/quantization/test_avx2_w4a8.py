@@ -177,3 +177,18 @@ def test_second_layout_serves_prefill_and_the_op_serves_decode(monkeypatch):
     # Decode goes through the op: int8-activation error, not the dense product's exactness.
     out = kernel.apply(layer, decode, None)
     assert torch.equal(out, torch.ops.edge_cpu_int4.w4a8_mm(decode, layer.qweight, layer.scales, layer.zeros, 32))
+
+
+def test_a_failed_build_is_a_named_error_and_leaves_nothing(tmp_path, monkeypatch):
+    from torch.utils import cpp_extension
+
+    def broken_compiler(**_kwargs):
+        raise RuntimeError("g++: command not found")
+
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", broken_compiler)
+    if not native.x86_64():
+        pytest.skip("the C++ kernel is x86-64 only")
+    with pytest.raises(native.KernelBuildError, match="w4a8_avx2.cpp failed: g\\+\\+: command not found"):
+        native.build_w4a8_avx2()
+    assert list(tmp_path.iterdir()) == []  # no library, no temporary build directory

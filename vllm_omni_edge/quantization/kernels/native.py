@@ -18,11 +18,12 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import tempfile
 from pathlib import Path
 
 import torch
+
+from vllm_omni_edge.atomic import atomic_write_bytes
 
 CACHE_ENV = "VLLM_OMNI_EDGE_KERNEL_CACHE"
 CSRC = Path(__file__).parent / "csrc"
@@ -85,16 +86,14 @@ def build_w4a8_avx2(verbose: bool = False) -> Path:
         built = Path(build) / f"{name}.so"
         if not built.exists():
             raise KernelBuildError(f"the build wrote no {built.name} in {build}")
-        tmp = target.with_suffix(".so.tmp")
-        shutil.copyfile(built, tmp)
-        os.replace(tmp, target)
+        atomic_write_bytes(target, built.read_bytes())
     return target
 
 
 @functools.cache
 def load_w4a8_avx2() -> tuple[bool, str]:
     """(loaded, why not): load the built library into this process, once."""
-    if hasattr(torch.ops, OP_NAMESPACE) and hasattr(getattr(torch.ops, OP_NAMESPACE), "w4a8_mm"):
+    if hasattr(getattr(torch.ops, OP_NAMESPACE), "w4a8_mm"):  # namespaces exist lazily
         return True, "loaded"
     if not x86_64():
         return False, f"x86-64 only (this machine is {platform.machine()})"
