@@ -88,7 +88,9 @@ def test_the_default_is_to_block_at_once(monkeypatch):
 
 
 def test_a_missed_notification_costs_at_most_the_poll_cap_after_a_read():
-    # No writer ever notifies: what a lost wake-up looks like to the reader.
+    # The writer is bound but never notifies: what a lost wake-up looks like to the reader.
+    # (A reader connected to an inproc address nobody binds made zmq_ctx_term abort about
+    # 1 run in 8, so the writer end exists, as in vLLM, and every socket is closed first.)
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
@@ -96,8 +98,10 @@ def test_a_missed_notification_costs_at_most_the_poll_cap_after_a_read():
 
     shm_reader_wait._wrap(shm_broadcast, 0.0)  # idempotent: a no-op if already applied
     context = zmq.Context()
+    address = "inproc://edge-missed-notify"
+    writer = shm_broadcast.SpinCondition(False, context, address)
+    condition = shm_broadcast.SpinCondition(True, context, address, busy_loop_s=0)
     try:
-        condition = shm_broadcast.SpinCondition(True, context, "inproc://edge-missed-notify", busy_loop_s=0)
         condition.record_read()
         start = time.monotonic()
         condition.wait(timeout_ms=2000)
@@ -107,4 +111,7 @@ def test_a_missed_notification_costs_at_most_the_poll_cap_after_a_read():
         condition.wait(timeout_ms=300)
         assert time.monotonic() - start >= 0.25  # an idle reader blocks as before
     finally:
-        context.destroy(linger=0)
+        for socket in (condition.read_cancel_socket, condition.write_cancel_socket,
+                       condition.local_notify_socket, writer.local_notify_socket):
+            socket.close(linger=0)
+        context.term()
