@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 namespace {
 
@@ -40,9 +39,9 @@ inline float bf16_to_float(uint16_t bits) {
 }
 
 struct QuantizedActivations {
-  std::vector<int8_t> q;          // [M, K], each block reordered to the nibble order
-  std::vector<float> block_scale;  // [M, K / 32]
-  std::vector<float> group_sum;    // [M, K / group_size], exact float sums of x
+  const int8_t* q;           // [M, K], each block reordered to the nibble order
+  const float* block_scale;  // [M, K / 32]
+  const float* group_sum;    // [M, K / group_size], exact float sums of x
 };
 
 template <typename T>
@@ -87,14 +86,15 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One weight row against R activation rows (R <= kRowTile); results to out[r * N].
+// One weight row against R activation rows (R <= kRowTile); results to out[r * N], in the
+// activations' dtype (rounded once, as a float result's .to() would).
 // Prefill takes R = 4: each unpacked weight block serves four activation rows. Decode
 // (R = 1) streams one weight row at a time: tiles of 2 or 4 weight rows (independent
 // FMA chains) measured 1.5x slower here (kernel_bench, Qwen decode shapes, 1 thread),
 // the extra weight streams costing more than the FMA latency they hide.
-template <int R>
+template <int R, typename T>
 void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
-             int64_t group_size, const QuantizedActivations& a, int64_t row0, float* out,
+             int64_t group_size, const QuantizedActivations& a, int64_t row0, T* out,
              int64_t N) {
   const __m256i ones = _mm256_set1_epi16(1);
   const int64_t blocks = K / kBlock;
@@ -106,9 +106,9 @@ void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, in
   __m256 acc[R];
   float offset_term[R];
   for (int r = 0; r < R; ++r) {
-    q[r] = a.q.data() + (row0 + r) * K;
-    qs[r] = a.block_scale.data() + (row0 + r) * blocks;
-    gs[r] = a.group_sum.data() + (row0 + r) * groups;
+    q[r] = a.q + (row0 + r) * K;
+    qs[r] = a.block_scale + (row0 + r) * blocks;
+    gs[r] = a.group_sum + (row0 + r) * groups;
     acc[r] = _mm256_setzero_ps();
     offset_term[r] = 0.f;
   }
@@ -125,12 +125,13 @@ void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, in
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r * N] = horizontal_sum(acc[r]) + offset_term[r];
+  for (int r = 0; r < R; ++r) out[r * N] = static_cast<T>(horizontal_sum(acc[r]) + offset_term[r]);
 }
 
+template <typename T>
 void dot_rows(int64_t rows, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
               int64_t K, int64_t group_size, const QuantizedActivations& a, int64_t row0,
-              float* out, int64_t N) {
+              T* out, int64_t N) {
   switch (rows) {
     case 4: return dot_row<4>(w, scale, offset, K, group_size, a, row0, out, N);
     case 3: return dot_row<3>(w, scale, offset, K, group_size, a, row0, out, N);
@@ -161,38 +162,41 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
   const at::Tensor s = scales.contiguous();
   const at::Tensor o = offsets.contiguous();
 
-  QuantizedActivations a;
-  a.q.resize(M * K);
-  a.block_scale.resize(M * (K / kBlock));
-  a.group_sum.resize(M * groups);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_quantize", [&] {
-    const scalar_t* xp = xc.data_ptr<scalar_t>();
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        quantize_row(xp + m * K, K, group_size, a.q.data() + m * K,
-                     a.block_scale.data() + m * (K / kBlock), a.group_sum.data() + m * groups);
-      }
-    });
-  });
+  // Uninitialised scratch: every element is written by quantize_row before it is read.
+  const at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
+  const at::Tensor block_scale = at::empty({M, K / kBlock}, x.options().dtype(at::kFloat));
+  const at::Tensor group_sum = at::empty({M, groups}, x.options().dtype(at::kFloat));
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* bsp = block_scale.data_ptr<float>();
+  float* gsp = group_sum.data_ptr<float>();
+  const QuantizedActivations a{qp, bsp, gsp};
 
-  at::Tensor out32 = at::empty({M, N}, x.options().dtype(at::kFloat));
-  float* outp = out32.data_ptr<float>();
+  at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(s.data_ptr<at::BFloat16>());
   const uint16_t* op = reinterpret_cast<const uint16_t*>(o.data_ptr<at::BFloat16>());
-  // Weight rows in chunks that stay in L2 while every activation tile passes over them.
-  at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t n0 = begin; n0 < end; n0 += kWeightChunk) {
-      const int64_t n1 = std::min(end, n0 + kWeightChunk);
-      for (int64_t m = 0; m < M; m += kRowTile) {
-        for (int64_t n = n0; n < n1; ++n) {
-          dot_rows(std::min(kRowTile, M - m), wp + n * (K / 2), sp + n * groups, op + n * groups,
-                   K, group_size, a, m, outp + m * N + n, N);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_mm", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_row(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
+      }
+    });
+    scalar_t* outp = out.data_ptr<scalar_t>();
+    // Weight rows in chunks that stay in L2 while every activation tile passes over them.
+    at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t n0 = begin; n0 < end; n0 += kWeightChunk) {
+        const int64_t n1 = std::min(end, n0 + kWeightChunk);
+        for (int64_t m = 0; m < M; m += kRowTile) {
+          for (int64_t n = n0; n < n1; ++n) {
+            dot_rows(std::min(kRowTile, M - m), wp + n * (K / 2), sp + n * groups, op + n * groups,
+                     K, group_size, a, m, outp + m * N + n, N);
+          }
         }
       }
-    }
+    });
   });
-  return x.scalar_type() == at::kFloat ? out32 : out32.to(x.scalar_type());
+  return out;
 }
 
 }  // namespace
