@@ -35,6 +35,10 @@ def test_doctor_passes_on_the_set_up_environment():
         assert module in proc.stdout
     # setup.sh builds the C++ kernel; doctor reports it (warns if it is missing).
     assert "avx2_w4a8" in proc.stdout
+    # Which kernel each checkpoint format gets on this CPU, from the router.
+    route = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["cpu_int4"])
+    assert "default format (float offsets) -> " in route and "--zero-point int -> " in route
+    assert "decode order" in route
 
 
 def test_build_kernels_is_idempotent_and_prints_the_library():

@@ -3,12 +3,15 @@
 Checks what the install is known to get wrong: PyPI's CUDA builds of
 torchvision/torchaudio/torchcodec beside a CPU torch (each fails to load, and
 transformers imports torchvision whenever it is present), the versions we were
-written for, the ``vllm`` console script, AMX, and our C++ kernels being built.
+written for, the ``vllm`` console script, AMX, our C++ kernels being built, and which
+cpu_int4 kernel each checkpoint format gets here (on AMX the fastest one needs integer
+zero points, which the default format does not have).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -76,8 +79,36 @@ def kernel_checks() -> list[Check]:
                   "(until then cpu_int4 runs on int4pack)", warning=True)]
 
 
+# A typical layer for the route check: SmolLM2's fused q/k/v (K=576, N=960), group 32.
+ROUTE_PROBE = {"group_size": 32, "K": 576, "N": 960}
+FORMATS = (("default format (float offsets)", True), ("--zero-point int", False))
+
+
+def route_checks() -> list[Check]:
+    import torch
+
+    from vllm_omni_edge.quantization.kernels import (
+        KERNEL_ENV,
+        CpuFeatures,
+        KernelUnavailableError,
+        choose_kernel,
+        route_summary,
+    )
+
+    features = CpuFeatures.detect()
+    picks = []
+    for label, float_zero in FORMATS:
+        try:
+            kernel, _ = choose_kernel(features, act_dtype=torch.bfloat16, float_zero=float_zero, **ROUTE_PROBE)
+            picks.append(f"{label} -> {kernel.name}")
+        except KernelUnavailableError as exc:
+            picks.append(f"{label} -> none ({exc})")
+    forced = f"; forced by {KERNEL_ENV}" if os.environ.get(KERNEL_ENV, "").strip() else ""
+    return [Check("cpu_int4", True, f"{'; '.join(picks)}{forced} [{route_summary(features)}]")]
+
+
 def run_checks() -> list[Check]:
-    checks = version_checks() + companion_checks() + kernel_checks()
+    checks = version_checks() + companion_checks() + kernel_checks() + route_checks()
     checks.append(Check("cpu", True, f"{cpu_model_name()}, class {cpu_class()}, "
                         f"{usable_cores()} usable cores"))
     return checks
