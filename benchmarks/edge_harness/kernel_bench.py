@@ -10,9 +10,14 @@ the thread count vLLM gives its worker. Paths: the cpu_int4 kernels (``int4pack`
 in the activation dtype, which is what the second layout
 (``VLLM_OMNI_EDGE_INT4_LAYOUTS=two``) runs for prefill.
 
-A figure is the time of one whole model's worth of linear calls (every layer's shapes,
-each once, as one forward does), median over passes with min and max. Kernel-level,
-not end to end: the grids show the end-to-end effect of the path the router picks.
+A figure is the time of one forward's worth of linear calls, made as a forward makes
+them: every layer has its own weights (same values, separate memory), called in model
+order, so weights stream from memory as in decode rather than sitting in L2 after the
+first call (the method before 2026-12-01 timed one layer per shape and multiplied by
+the layer count: hot-cache times, which ranked ``avx2_w4a8`` ahead of ``int4pack`` on
+both boxes while it decoded slower end to end). Fastest of ``--repeats`` forwards per
+pass; median over passes with min and max. Kernel-level, not end to end: the grids
+show the end-to-end effect of the path the router picks.
 The artifact carries provenance like a grid's and feeds
 ``python -m vllm_omni_edge.routing.generate``.
 """
@@ -68,33 +73,54 @@ def _paths(group_size: int, K: int, N: int, dtype: torch.dtype) -> dict[str, Any
     return usable
 
 
-def _layer(kernel_cls, K: int, N: int, group_size: int, dtype: torch.dtype, seed: int):
+def _triple(K: int, N: int, group_size: int, zero_point: str, seed: int):
     from vllm_omni_edge.quantization import int4
 
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(N, K, generator=gen) * 0.02
-    zero_point = "int" if getattr(kernel_cls, "name", "") == "amx_w4a8" else "float"
-    triple = int4.quantize(weight, group_size, zero_point=zero_point)
+    return int4.quantize(torch.randn(N, K, generator=gen) * 0.02, group_size, zero_point=zero_point)
+
+
+def _layer(kernel_cls, triple, K: int, group_size: int, dtype: torch.dtype):
+    """One layer of this path with its own copy of the weights."""
+    from vllm_omni_edge.quantization import int4
+
     layer = torch.nn.Module()
     if kernel_cls == DENSE:
         layer.dense = int4.dequantize(*triple, dtype=dtype)
-        return layer, lambda x: F.linear(x, layer.dense)
+        return lambda x: F.linear(x, layer.dense)
     for name, t in zip(("qweight", "scales", "zeros"), triple):
-        layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+        layer.register_parameter(name, torch.nn.Parameter(t.clone(), requires_grad=False))
     layer.int4_in_features, layer.int4_group_size, layer.int4_act_dtype = K, group_size, dtype
     kernel = kernel_cls()
     kernel.process_weights(layer)
-    return layer, lambda x: kernel.apply(layer, x, None)
+    return lambda x: kernel.apply(layer, x, None)
 
 
-def _time_call(fn, x: torch.Tensor, repeats: int) -> float:
-    fn(x)  # warm: first-call allocations and any lazy init
+def _zero_point(kernel_cls) -> str:
+    # W4A8 on AMX needs integer zero points; the others run the default float offsets.
+    return "int" if getattr(kernel_cls, "name", "") == "amx_w4a8" else "float"
+
+
+def _time_forward(calls, repeats: int) -> float:
+    """Fastest of ``repeats`` forwards; ``calls`` is [(fn, x)] in model order."""
+    for fn, x in calls:  # warm: first-call allocations and any lazy init
+        fn(x)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        fn(x)
+        for fn, x in calls:
+            fn(x)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _model_order(shapes, layers: dict[str, list]) -> list:
+    """[(shape name, layer fn)] as a forward calls them: each decoder layer's shapes, then the head."""
+    per_layer = [name for name, _K, _N, count in shapes if count > 1]
+    once = [name for name, _K, _N, count in shapes if count == 1]
+    depth = max(count for _name, _K, _N, count in shapes)
+    order = [(name, layers[name][i]) for i in range(depth) for name in per_layer if i < len(layers[name])]
+    return order + [(name, layers[name][0]) for name in once]
 
 
 def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repeats: int,
@@ -105,29 +131,29 @@ def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repe
     phases = {p: PHASES[p] for p in (phases or PHASES)}
     timings: dict[str, dict[str, list[float]]] = {}
     refused: dict[str, str] = {}
-    built = {}
-    for name, K, N, _count in shapes:
+    layers: dict[str, dict[str, list]] = {}  # path -> shape name -> one fn per layer
+    for name, K, N, count in shapes:
+        triples = {}
         for path, (impl, why) in _paths(group_size, K, N, dtype).items():
             if only_paths and path not in only_paths:
                 continue
             if impl is None:
                 refused[path] = why
                 continue
-            built[(name, path)] = _layer(impl, K, N, group_size, dtype, seed=K * 7 + N)
-    paths = sorted({path for _, path in built})
+            zero_point = _zero_point(impl)
+            if zero_point not in triples:
+                triples[zero_point] = _triple(K, N, group_size, zero_point, seed=K * 7 + N)
+            layers.setdefault(path, {})[name] = [
+                _layer(impl, triples[zero_point], K, group_size, dtype) for _ in range(count)]
+    # A path that cannot run one shape cannot run the model.
+    paths = sorted(path for path, by_shape in layers.items() if len(by_shape) == len(shapes))
     inputs = {(name, phase): torch.randn(m, K).to(dtype) for name, K, _, _ in shapes for phase, m in phases.items()}
     for pass_index in range(passes):
         for phase in phases:
-            # Interleaved: every path once per shape before the next pass.
+            # Interleaved: every path once per phase before the next pass.
             for path in paths:
-                total = 0.0
-                for name, _K, _N, count in shapes:
-                    if (name, path) not in built:
-                        total = float("nan")
-                        break
-                    _, fn = built[(name, path)]
-                    total += count * _time_call(fn, inputs[(name, phase)], repeats)
-                timings.setdefault(phase, {}).setdefault(path, []).append(total * 1000)
+                calls = [(fn, inputs[(name, phase)]) for name, fn in _model_order(shapes, layers[path])]
+                timings.setdefault(phase, {}).setdefault(path, []).append(_time_forward(calls, repeats) * 1000)
     summary = {
         phase: {
             path: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "passes_ms": v}
@@ -136,6 +162,7 @@ def run(config: dict[str, Any], passes: int, group_size: int, threads: int, repe
         for phase, by_path in timings.items()
     }
     return {"shapes": shapes, "group_size": group_size, "threads": threads, "repeats": repeats,
+            "method": "forward over distinct layers, model order, fastest of repeats",
             "dtype": str(dtype).removeprefix("torch."), "phases": phases, "refused": refused,
             "summary": summary}
 
@@ -147,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None,
                         help="threads (default: the usable cores minus vLLM's reserved ones, as its worker gets)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per shape; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=3, help="timed forwards per pass; the fastest counts")
     parser.add_argument("--out", type=Path, default=None, help="results directory [results/<date>-kernel-paths-<model>]")
     parser.add_argument("--paths", default=None,
                         help="comma-separated paths to time (default: every path this CPU can run); "
