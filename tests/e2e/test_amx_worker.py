@@ -1,7 +1,9 @@
-"""vLLM's AMX attention kernel in a real worker process, after our permission patch.
+"""vLLM's attention kernels on an AMX CPU, in a real worker process.
 
-Without ``torch._C._cpu._init_amx()`` the first forward pass dies with SIGILL at
-``tilezero``. This runs that kernel where the CPU has AMX; elsewhere it says why not.
+Without ``torch._C._cpu._init_amx()`` vLLM's AMX attention dies with SIGILL at
+``tilezero``; with it, it runs but decodes wrong answers here, so by default our
+``cpu_attention_isa`` patch runs bf16 attention on the vec kernels. These tests run
+where the CPU has AMX; elsewhere they say why not.
 """
 
 from __future__ import annotations
@@ -21,13 +23,25 @@ pytestmark = [
 ]
 
 
-def test_amx_attention_runs_in_the_worker(default_model, tmp_path):
+def test_bf16_attention_runs_vec_by_default_and_answers(default_model, tmp_path):
     from tests.e2e.probe import run_probe
 
-    # bf16 with a block size divisible by 32 is what makes CPU_ATTN pick "amx".
+    # bf16 with a block size divisible by 32 is what makes vLLM pick "amx"; our
+    # cpu_attention_isa patch turns that into "vec" (AMX decoded wrong answers here).
     run = run_probe(default_model, tmp_path / "evidence", {"dtype": "bfloat16"})
-    assert run.returncode == 0, run.log  # a SIGILL would show as -4
-    assert "Paris" in run.text
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text, run.text
+    [worker] = run.workers
+    assert worker["attention_isa"] == ["vec"], worker["attention_isa"]
+
+
+def test_amx_attention_runs_in_the_worker_when_asked(default_model, tmp_path):
+    from tests.e2e.probe import run_probe
+
+    run = run_probe(default_model, tmp_path / "evidence", {"dtype": "bfloat16"},
+                    VLLM_OMNI_EDGE_AMX_ATTENTION="1")
+    assert run.returncode == 0, run.log  # a SIGILL (no AMX permission) would show as -4
+    assert run.text  # what it answers is the upstream bug the default avoids
     [worker] = run.workers
     assert worker["attention_isa"] == ["amx"], worker["attention_isa"]
     [record] = [p for p in run.processes if p["pid"] == worker["pid"]]
