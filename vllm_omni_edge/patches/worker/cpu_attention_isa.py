@@ -24,7 +24,7 @@ answer as ``vec`` (run the flagged e2e test and compare).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.attention.backends.cpu_attn"
@@ -53,14 +53,11 @@ def apply() -> str:
 
 
 def _wrap(module) -> None:
-    original = module._get_attn_isa
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def _get_attn_isa(*args, **kwargs):
+            isa = original(*args, **kwargs)
+            return REPLACEMENT if isa == AMX else isa
 
-    def _get_attn_isa(*args, **kwargs):
-        isa = original(*args, **kwargs)
-        return REPLACEMENT if isa == AMX else isa
+        return _get_attn_isa
 
-    _get_attn_isa.__edge_wrapped__ = True
-    _get_attn_isa.__wrapped__ = original
-    module._get_attn_isa = _get_attn_isa
+    wrap_method_once(module, "_get_attn_isa", make)  # a module attribute wraps like a method
