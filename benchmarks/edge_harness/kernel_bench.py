@@ -65,8 +65,7 @@ def _paths(group_size: int, K: int, N: int, dtype: torch.dtype) -> dict[str, Any
     features = CpuFeatures.detect()
     usable = {}
     for kernel_cls in PREFERENCE:
-        # W4A8 needs integer zero points; the others run the default float offsets.
-        float_zero = kernel_cls.name != "amx_w4a8"
+        float_zero = _zero_point(kernel_cls) == "float"
         ok, why = kernel_cls.can_implement(features, group_size, K, N, dtype, float_zero=float_zero)
         usable[kernel_cls.name] = (kernel_cls if ok else None, why)
     usable[DENSE] = (DENSE, "F.linear on a dense copy in the activation dtype")
