@@ -10,6 +10,7 @@ from tests.quantization.helpers import int4_layer, relative_error
 from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
+    KERNELS,
     AmxW4A8Kernel,
     CpuFeatures,
     DequantFallbackKernel,
@@ -169,14 +170,26 @@ def test_amx_refuses_without_amx_or_bf16():
     assert AmxW4A8Kernel.can_implement(amx, 128, 256, 64, torch.bfloat16)[0]
 
 
-def test_chooser_prefers_amx_then_int4pack_then_dequant(monkeypatch):
+def test_chooser_follows_the_measured_route(monkeypatch):
+    from vllm_omni_edge.quantization import kernels as kernels_module
+
     monkeypatch.delenv(KERNEL_ENV, raising=False)
     amx = CpuFeatures(capability="AVX512", amx=True, vllm_w4a8_op=True)
     avx2 = CpuFeatures(capability="AVX2", amx=False, vllm_w4a8_op=False)
-    assert choose_kernel(amx, 128, 4096, 4096, torch.bfloat16)[0] is AmxW4A8Kernel
-    # fp32 activations: W4A8 needs bf16, tinygemm takes it.
-    kernel, reason = choose_kernel(amx, 128, 4096, 4096, torch.float32)
-    assert kernel is Int4PackCpuKernel and "amx_w4a8: needs bf16" in reason
+    # The x86-amx table decides; whatever it ranks first (and can run) is chosen.
+    first = next(name for name in kernels_module.routed_order(amx) if name in KERNELS)
+    kernel, reason = choose_kernel(amx, 128, 4096, 4096, torch.bfloat16)
+    assert kernel is KERNELS[first] and "router: x86-amx" in reason
+    # A table that ranks W4A8 first gets W4A8; one that ranks tinygemm first gets tinygemm.
+    for order, expected in [(("amx_w4a8", "int4pack", "dequant"), AmxW4A8Kernel),
+                            (("int4pack", "amx_w4a8", "dequant"), Int4PackCpuKernel)]:
+        monkeypatch.setattr(kernels_module, "routed_order", lambda features, order=order: order)
+        assert choose_kernel(amx, 128, 4096, 4096, torch.bfloat16)[0] is expected
+        # fp32 activations: W4A8 needs bf16, tinygemm takes it.
+        kernel, reason = choose_kernel(amx, 128, 4096, 4096, torch.float32)
+        assert kernel is Int4PackCpuKernel
+        assert ("amx_w4a8: needs bf16" in reason) == (order[0] == "amx_w4a8")
+    monkeypatch.undo()
     kernel, reason = choose_kernel(avx2, 64, 576, 960, torch.bfloat16)
     # The measured x86-avx2 route ranks int4pack first; W4A8 is not even tried there.
     assert kernel is Int4PackCpuKernel and "router: x86-avx2" in reason
