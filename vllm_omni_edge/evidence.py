@@ -61,6 +61,13 @@ def write_process_record() -> Path | None:
     )
 
 
+def _compile_cache_counts() -> dict[str, int]:
+    from vllm.compilation.counter import compilation_counter
+
+    return {"aot_compiled": compilation_counter.num_aot_compiles,
+            "aot_loaded": compilation_counter.num_aot_artifacts_loaded}
+
+
 def _unique_storage_bytes(tensors) -> int:
     seen: dict[int, int] = {}
     for t in tensors:
@@ -144,6 +151,8 @@ def collect_worker_evidence(worker) -> dict:
         "vllm_version": vllm.__version__,
         "compiled": int(compilation.mode) != 0,
         "compilation_mode": str(compilation.mode),
+        # Whether this start compiled the model or loaded vLLM's saved artifact (compile_cache_load).
+        "compile_cache": _compile_cache_counts(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.

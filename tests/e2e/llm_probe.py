@@ -12,10 +12,12 @@ import sys
 def main():
     from vllm import LLM, SamplingParams
 
+    from vllm_omni_edge.models.default_model import SMOKE_QUESTION
+
     model, kwargs = sys.argv[1], json.loads(sys.argv[2])
     llm = LLM(model=model, **kwargs)
     out = llm.chat(
-        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": SMOKE_QUESTION}],
         SamplingParams(temperature=0, max_tokens=24),
     )
     print("PROBE-RESULT " + json.dumps({"text": out[0].outputs[0].text}))

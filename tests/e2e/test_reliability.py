@@ -35,6 +35,7 @@ from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess
 from vllm_omni_edge.cli.request_guard import DEFAULT_MAX_REQUEST_BYTES
 from vllm_omni_edge.patches.frontend.api_key_all_routes import OPEN_PATHS
+from vllm_omni_edge.models.default_model import SMOKE_QUESTION
 
 pytestmark = pytest.mark.e2e
 
@@ -86,7 +87,7 @@ def client(server, key=CLI_KEY) -> OpenAI:
 
 def chat(server, key=CLI_KEY) -> str:
     reply = client(server, key).chat.completions.create(
-        model=SERVED_NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=SERVED_NAME, messages=[{"role": "user", "content": SMOKE_QUESTION}],
         temperature=0, max_tokens=16,
     )
     return reply.choices[0].message.content

@@ -12,6 +12,7 @@ from openai import BadRequestError, OpenAI
 
 from tests.conftest import vllm_env
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess, ask_streaming, free_port
+from vllm_omni_edge.models.default_model import SMOKE_QUESTION
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +42,7 @@ def server(default_model, tmp_path_factory):
     assert srv.stop() is not None
 
 
-def chat(server, question="What is the capital of France?", max_tokens=24):
+def chat(server, question=SMOKE_QUESTION, max_tokens=24):
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
     reply = client.chat.completions.create(
         model=SERVED_NAME, messages=[{"role": "user", "content": question}],
@@ -55,7 +56,7 @@ def test_greedy_answer_names_paris(server):
 
 
 def test_streamed_answer_matches_the_unstreamed_one(server):
-    text, tokens, ttft, _ = ask_streaming(server.base_url, "What is the capital of France?",
+    text, tokens, ttft, _ = ask_streaming(server.base_url, SMOKE_QUESTION,
                                           24, out=None)
     assert text == chat(server) and tokens > 0 and ttft > 0
 

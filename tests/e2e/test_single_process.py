@@ -26,6 +26,7 @@ from tests.e2e.test_server import SERVER_ARGS, start_server
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess, ask_streaming, free_port
 from vllm_omni_edge.cpu_features import usable_cores
 from vllm_omni_edge.patches.frontend import reserved_cores
+from vllm_omni_edge.models.default_model import SMOKE_QUESTION
 
 pytestmark = pytest.mark.e2e
 
@@ -82,12 +83,12 @@ def test_the_model_runs_in_the_api_server_process(server):
 
 
 def test_streamed_chat_answers(server):
-    text, tokens, ttft, _ = ask_streaming(server.base_url, "What is the capital of France?", 24,
+    text, tokens, ttft, _ = ask_streaming(server.base_url, SMOKE_QUESTION, 24,
                                           out=None)
     assert "Paris" in text and tokens > 0 and ttft > 0
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
     reply = client.chat.completions.create(
-        model=SERVED_NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=SERVED_NAME, messages=[{"role": "user", "content": SMOKE_QUESTION}],
         temperature=0, max_tokens=24)
     assert reply.choices[0].message.content == text
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_omni_edge.models.default_model import SMOKE_QUESTION
+
 
 def _cmd_pull_default(args) -> int:
     from tqdm import tqdm
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     demo = sub.add_parser("demo", help="serve the default model and ask it one question")
-    demo.add_argument("--question", default="What is the capital of France?")
+    demo.add_argument("--question", default=SMOKE_QUESTION)
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.add_argument("--compiled", action="store_true",
                       help="use torch.compile (slower start, faster decode)")

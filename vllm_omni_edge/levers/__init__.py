@@ -16,7 +16,6 @@ inherit the front end's environment).
 | process layout: engine core and model on a thread of the API server (one process) | VLLM_OMNI_EDGE_SINGLE_PROCESS=0/1 | 0 | patches/frontend/single_process.py |
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
-| vLLM's AMX attention kernels for bf16 (wrong greedy answers on the AMX box; default: the vec kernels) | VLLM_OMNI_EDGE_AMX_ATTENTION=0/1 | 0 | patches/worker/cpu_attention_isa.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -36,7 +35,6 @@ SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 FUSED_RMS_NORM_ENV = "VLLM_OMNI_EDGE_FUSED_RMS_NORM"
-AMX_ATTENTION_ENV = "VLLM_OMNI_EDGE_AMX_ATTENTION"
 
 
 class LeverFlagError(ValueError):
@@ -60,10 +58,6 @@ def kv_default_mode() -> str:
 
 def embed_prepack_enabled() -> bool:
     return _choice(EMBED_PREPACK_ENV, ("1", "0"), "0") == "1"
-
-
-def amx_attention_enabled() -> bool:
-    return _choice(AMX_ATTENTION_ENV, ("1", "0"), "0") == "1"
 
 
 def int4_layerwise_load() -> bool:

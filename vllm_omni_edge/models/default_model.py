@@ -63,6 +63,11 @@ QWEN_CODER_1_5B = EmbeddedModel(
 # Names accepted wherever a model path is (`--model default`, grid arms).
 EMBEDDED_MODELS = {"default": DEFAULT_MODEL, "qwen2.5-coder-1.5b": QWEN_CODER_1_5B}
 
+# The question the demo and the tests ask. The default model answers it with a clear margin
+# at every token up to "Paris" (>= 1.5 nats between its top two choices, fp32 and bf16,
+# transformers). "What is the capital of France?" alone is a 0.10-nat tie on the first
+# token ("The" vs "L'"), which bf16 kernels (vLLM's AMX attention, fused norms) flip.
+SMOKE_QUESTION = "What is the capital of France? Answer in one sentence."
 MANIFEST = "edge-manifest.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
