@@ -61,6 +61,13 @@ def write_process_record() -> Path | None:
     )
 
 
+def _compile_warmup_tokens() -> int | None:
+    """Tokens of the compiled warm-up's dummy forward in this process (None: no warm-up ran)."""
+    from vllm_omni_edge.patches.worker import compile_warmup_tokens
+
+    return compile_warmup_tokens.last_warmup_tokens
+
+
 def _compile_cache_counts() -> dict[str, int]:
     from vllm.compilation.counter import compilation_counter
 
@@ -153,6 +160,7 @@ def collect_worker_evidence(worker) -> dict:
         "compilation_mode": str(compilation.mode),
         # Whether this start compiled the model or loaded vLLM's saved artifact (compile_cache_load).
         "compile_cache": _compile_cache_counts(),
+        "compile_warmup_tokens": _compile_warmup_tokens(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.
