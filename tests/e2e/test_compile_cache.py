@@ -2,7 +2,8 @@
 
 vLLM 0.30 on CPU saved the artifact but failed to load it ("'function' object has no
 attribute 'finalize_loading'") and recompiled on every start; ``compile_cache_load``
-fixes the load. Two compiled starts of the default model (~2.5 min): slow.
+fixes the load; ``compile_warmup_tokens`` shortens the warm-up that follows. Two compiled
+starts of the default model (~2.5 min): slow.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
         assert run.returncode == 0, run.log
         [worker] = run.workers
         assert worker["compiled"], worker["compilation_mode"]
+        assert worker["compile_warmup_tokens"] == 16  # compile_warmup_tokens, on by default
         runs.append((run, worker["compile_cache"]))
     (first, first_cache), (second, second_cache) = runs
     assert first_cache == {"aot_compiled": 1, "aot_loaded": 0}, first_cache

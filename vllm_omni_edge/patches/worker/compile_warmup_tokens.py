@@ -6,12 +6,12 @@ the duration of the call; the runner's own value is restored afterwards. The num
 tokens the warm-up actually ran is kept for the worker evidence.
 Why: on CPU, vLLM compiles once with the token count dynamic ("only generate graph for
 the generic shape"), so the warm-up only has to trace and load the graph, but it runs a
-dummy forward of ``max_num_batched_tokens`` (2,048) tokens. With a 4-bit decode kernel
+dummy forward of ``max_num_batched_tokens`` tokens (4,096 in our grids). With a 4-bit decode kernel
 (tinygemm prefills Qwen2.5-1.5B at ~40 tok/s on 2 cores) that forward is 93-108 s of
 every compiled start, even when the compiled artifact loads from the cache
 (``2026-12-01-decode-gap-qwen``); 8-11 s on SmolLM2-135M. Eager starts skip warm-up.
 16 tokens, not 1: dynamo specialises sizes 0 and 1. A graph compiled fresh is traced at
-16 tokens instead of 2,048 (the size inductor sees as its hint); the grid measures prefill
+16 tokens instead of 4,096 (the size inductor sees as its hint); the grid measures prefill
 too, for that reason.
 Flag: ``VLLM_OMNI_EDGE_COMPILE_WARMUP=full`` restores vLLM's full-size warm-up (the wrapper
 stays, so the evidence records either size).
@@ -35,7 +35,7 @@ RECORD = PatchRecord(
     target=f"{TARGET_MODULE}.CPUModelRunner.warming_up_model",
     process=Process.WORKER,
     why="The compiled graph is dynamic in the token count, yet vLLM's CPU warm-up runs a "
-    "2,048-token dummy forward: 93-108 s of each compiled Qwen-1.5B start on a 4-bit kernel.",
+    "4,096-token dummy forward: 93-108 s of each compiled Qwen-1.5B start on a 4-bit kernel.",
     verified_by="tests/test_compile_warmup_tokens.py; grids/compile-warmup-qwen.yaml.",
     remove_when="vLLM's CPU warm-up uses a small dummy batch for dynamic-shape compiles.",
 )
