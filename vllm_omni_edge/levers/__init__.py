@@ -16,6 +16,7 @@ inherit the front end's environment).
 | process layout: engine core and model on a thread of the API server (one process) | VLLM_OMNI_EDGE_SINGLE_PROCESS=0/1 | 0 | patches/frontend/single_process.py |
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
+| random sampling (temperature > 0) on CPU: eager draw, or vLLM's inductor-compiled one | VLLM_OMNI_EDGE_EAGER_SAMPLER=1/0 | 1 | patches/worker/cpu_random_sample.py |
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
@@ -37,6 +38,7 @@ HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 FUSED_RMS_NORM_ENV = "VLLM_OMNI_EDGE_FUSED_RMS_NORM"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
+EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
 
 
 class LeverFlagError(ValueError):
@@ -60,6 +62,10 @@ def kv_default_mode() -> str:
 
 def short_compile_warmup() -> bool:
     return _choice(COMPILE_WARMUP_ENV, ("short", "full"), "short") == "short"
+
+
+def eager_sampler_enabled() -> bool:
+    return _choice(EAGER_SAMPLER_ENV, ("1", "0"), "1") == "1"
 
 
 def embed_prepack_enabled() -> bool:
