@@ -37,7 +37,7 @@ def _cmd_pull(args) -> int:
 def _cmd_demo(args) -> int:
     from vllm_omni_edge.cli.demo import run_demo
 
-    run_demo(args.question, args.max_tokens, args.compiled, args.startup_timeout)
+    run_demo(args.question, args.max_tokens, args.compiled, args.startup_timeout, args.multi_process)
     return 0
 
 
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--compiled", action="store_true",
                       help="use torch.compile (slower start, faster decode)")
     demo.add_argument("--startup-timeout", type=float, default=900)
+    demo.add_argument("--multi-process", action="store_true",
+                      help="serve in vLLM's layout (API server, engine core, worker) instead of one process")
     demo.set_defaults(func=_cmd_demo)
 
     sub.add_parser(

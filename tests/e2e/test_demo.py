@@ -1,0 +1,27 @@
+"""The README's main command, ``vllm-omni-edge demo``, end to end on the default model."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import BIN, vllm_env
+
+pytestmark = pytest.mark.e2e
+
+
+def test_demo_serves_the_default_model_in_one_process_and_answers(default_model):
+    done = subprocess.run([str(BIN / "vllm-omni-edge"), "demo", "--max-tokens", "24"],
+                          capture_output=True, text=True, timeout=900, env=vllm_env())
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    assert "(eager, one process)" in out
+    answer = out.split("A: ", 1)[1]
+    assert "Paris" in answer, answer[:500]
+    decode = float(re.search(r"decode: ([0-9.]+) tok/s over 128 tokens", out).group(1))
+    assert decode > 0
+    processes = int(re.search(r"server tree PSS \d+ MiB over (\d+) processes", out).group(1))
+    assert processes == 1, out[-1500:]
+    assert re.search(r"server stopped \(exit code 0\)", out), out[-500:]
