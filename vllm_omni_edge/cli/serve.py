@@ -178,6 +178,17 @@ def _select_process_layout(single_process: bool) -> None:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 
+def _select_plugins(model: str | None) -> None:
+    """Leave vLLM-Omni's general plugin out for a model it does not register (plugin_selection)."""
+    from vllm_omni_edge.cli.plugin_selection import text_model_plugins
+
+    plugins = text_model_plugins(model, dict(os.environ)) if model else None
+    if plugins is not None:
+        os.environ["VLLM_PLUGINS"] = plugins
+        print(f"vllm-omni-edge serve: VLLM_PLUGINS={plugins} (the model is not a vLLM-Omni "
+              "architecture; set VLLM_PLUGINS to choose yourself)", file=sys.stderr)
+
+
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main
 
@@ -187,5 +198,6 @@ def serve(args: list[str]) -> int | None:
         _select_process_layout(single_process)
         _check_request_limit()
         _check_listen_address(argv[2:])
+        _select_plugins(_named_model(argv[2:]))
     sys.argv = argv
     return vllm_main()  # exits non-zero if the engine died (vllm_entry.main)
