@@ -17,6 +17,7 @@ inherit the front end's environment).
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
 | random sampling (temperature > 0) on CPU: eager draw, or vLLM's inductor-compiled one | VLLM_OMNI_EDGE_EAGER_SAMPLER=1/0 | 1 | patches/worker/cpu_random_sample.py |
+| vLLM-Omni's general plugin in `vllm-omni-edge serve`: left out for a model it does not register, or loaded | VLLM_PLUGINS unset / set by you | left out | cli/plugin_selection.py |
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
