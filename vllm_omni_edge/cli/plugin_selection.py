@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+from collections.abc import Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -37,8 +38,9 @@ def omni_architectures() -> frozenset[str] | None:
         return None
     names: set[str] = set()
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         if any(isinstance(t, ast.Name) and t.id in OMNI_REGISTRY_TABLES for t in targets):
             if not isinstance(node.value, ast.Dict):
                 return None
@@ -69,7 +71,7 @@ def plugins_without_omni() -> list[str]:
             if not ep.value.startswith(OMNI_PACKAGE + ".")]
 
 
-def text_model_plugins(model: str, environ: dict[str, str]) -> str | None:
+def text_model_plugins(model: str, environ: Mapping[str, str]) -> str | None:
     """The ``VLLM_PLUGINS`` value to set for ``model``, or None to leave vLLM's default."""
     if "VLLM_PLUGINS" in environ:
         return None

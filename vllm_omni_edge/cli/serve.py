@@ -182,7 +182,7 @@ def _select_plugins(model: str | None) -> None:
     """Leave vLLM-Omni's general plugin out for a model it does not register (plugin_selection)."""
     from vllm_omni_edge.cli.plugin_selection import text_model_plugins
 
-    plugins = text_model_plugins(model, dict(os.environ)) if model else None
+    plugins = text_model_plugins(model, os.environ) if model else None
     if plugins is not None:
         os.environ["VLLM_PLUGINS"] = plugins
         print(f"vllm-omni-edge serve: VLLM_PLUGINS={plugins} (the model is not a vLLM-Omni "
