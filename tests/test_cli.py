@@ -35,6 +35,9 @@ def test_doctor_passes_on_the_set_up_environment():
         assert module in proc.stdout
     # setup.sh builds the C++ kernel; doctor reports it (warns if it is missing).
     assert "avx2_w4a8" in proc.stdout
+    # setup.sh's .pth puts patches/early.py's hooks in every interpreter of the venv.
+    assert any(line.startswith("ok") and "start-up hooks" in line and "in force" in line
+               for line in proc.stdout.splitlines()), proc.stdout
     # Which kernel each checkpoint format gets on this CPU, from the router.
     route = next(line for line in proc.stdout.splitlines() if line.split()[1:2] == ["cpu_int4"])
     assert "default format (float offsets) -> " in route and "--zero-point int -> " in route

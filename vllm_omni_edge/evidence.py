@@ -160,6 +160,11 @@ def collect_worker_evidence(worker) -> dict:
         "compilation_mode": str(compilation.mode),
         # Whether this start compiled the model or loaded vLLM's saved artifact (compile_cache_load).
         "compile_cache": _compile_cache_counts(),
+        # Which wrapper runs the compiled graph (patches/frontend/inductor_cpp_wrapper.py).
+        "inductor_cpp_wrapper": (int(compilation.mode) != 0
+                                 and bool(compilation.inductor_compile_config.get("cpp_wrapper"))),
+        "layer_names_are_strings": _layer_names_are_strings(),
+        "attention_calls_trimmed": _attention_calls_trimmed(),
         "compile_warmup_tokens": _compile_warmup_tokens(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
@@ -168,6 +173,18 @@ def collect_worker_evidence(worker) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
     }
+
+
+def _attention_calls_trimmed() -> bool:
+    from vllm_omni_edge.patches.worker.cpu_attention_calls import in_force
+
+    return in_force()
+
+
+def _layer_names_are_strings() -> bool:
+    from vllm_omni_edge.patches.frontend.inductor_cpp_wrapper import layer_names_are_strings
+
+    return layer_names_are_strings()
 
 
 def _shm_reader_busy_loop_s() -> list[float]:

@@ -3,7 +3,8 @@
 Checks what the install is known to get wrong: PyPI's CUDA builds of
 torchvision/torchaudio/torchcodec beside a CPU torch (each fails to load, and
 transformers imports torchvision whenever it is present), the versions we were
-written for, the ``vllm`` console script, AMX, our C++ kernels being built, and which
+written for, the ``vllm`` console script, AMX, the start-up hooks (``patches/early.py``),
+our C++ kernels being built, and which
 cpu_int4 kernel each checkpoint format gets here (on AMX the fastest one needs integer
 zero points, which the default format does not have).
 """
@@ -52,6 +53,17 @@ def companion_checks() -> list[Check]:
         )
         checks.append(Check(module, ok, detail))
     return checks
+
+
+def start_up_hook_checks() -> list[Check]:
+    """Are patches/early.py's hooks in force in a fresh interpreter (scripts/setup.sh's .pth)?"""
+    code = ("import vllm_omni_edge.patches.frontend.inductor_cpp_wrapper as w, "
+            "vllm_omni_edge.patches.common.torchvision_native_ops as t; print(w._installed and t._installed)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if proc.stdout.strip() == "True":
+        return [Check("start-up hooks", True, "in force in every interpreter (.pth)")]
+    return [Check("start-up hooks", True, "not installed in this venv: run scripts/setup.sh (until then "
+                  "compiled models keep inductor's Python wrapper and torchvision may not import)", warning=True)]
 
 
 def version_checks() -> list[Check]:
@@ -108,7 +120,8 @@ def route_checks() -> list[Check]:
 
 
 def run_checks() -> list[Check]:
-    checks = version_checks() + companion_checks() + kernel_checks() + route_checks()
+    checks = (version_checks() + companion_checks() + start_up_hook_checks() + kernel_checks()
+              + route_checks())
     checks.append(Check("cpu", True, f"{cpu_model_name()}, class {cpu_class()}, "
                         f"{usable_cores()} usable cores"))
     return checks

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if argv is None else argv
+    from vllm_omni_edge.patches.early import install_interpreter_hooks
+
+    install_interpreter_hooks()  # before anything imports vllm (no .pth in this venv, say)
     # `serve` passes everything through to vLLM's own parser; `quantize` has its
     # own, imported only when used (it pulls in torch).
     if argv[:1] == ["serve"]:

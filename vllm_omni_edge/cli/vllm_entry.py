@@ -12,7 +12,9 @@ import sys
 
 def main() -> int | None:
     from vllm_omni_edge.patches import apply_cli_patches
+    from vllm_omni_edge.patches.early import install_interpreter_hooks
 
+    install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -14,6 +14,7 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
+    "vllm_omni_edge.patches.frontend.inductor_cpp_wrapper",
     "vllm_omni_edge.patches.frontend.worker_in_engine_core",
     "vllm_omni_edge.patches.frontend.single_process",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
@@ -21,6 +22,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.compile_cache_load",
     "vllm_omni_edge.patches.worker.compile_warmup_tokens",
     "vllm_omni_edge.patches.worker.cpu_random_sample",
+    "vllm_omni_edge.patches.worker.cpu_attention_calls",
     "vllm_omni_edge.patches.worker.engine_core_parent_watch",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
