@@ -21,8 +21,13 @@ def string_layer_names(monkeypatch):
     monkeypatch.setattr(patch, "layer_names_are_strings", lambda: True)
 
 
-def test_inductor_compile_gets_the_cpp_wrapper(string_layer_names, monkeypatch):
+def test_off_by_default(string_layer_names, monkeypatch):
     monkeypatch.delenv("VLLM_OMNI_EDGE_CPP_WRAPPER", raising=False)
+    assert patch.wants_cpp_wrapper(_compilation()) == (False, "Python wrapper kept (flag)")
+
+
+def test_with_the_flag_an_inductor_compile_gets_the_cpp_wrapper(string_layer_names, monkeypatch):
+    monkeypatch.setenv("VLLM_OMNI_EDGE_CPP_WRAPPER", "1")
     assert patch.wants_cpp_wrapper(_compilation()) == (True, "inductor's C++ wrapper")
 
 
@@ -39,6 +44,7 @@ def test_left_alone(string_layer_names, monkeypatch, compilation, flag, reason):
 
 
 def test_opaque_layer_names_keep_the_python_wrapper_and_say_how_to_fix_it(monkeypatch):
+    monkeypatch.setenv("VLLM_OMNI_EDGE_CPP_WRAPPER", "1")
     monkeypatch.setattr(patch, "layer_names_are_strings", lambda: False)
     use, why = patch.wants_cpp_wrapper(_compilation())
     assert not use and "VLLM_USE_LAYERNAME=0" in why
@@ -64,7 +70,7 @@ def _fake_platform_module():
 
 
 def test_the_wrapped_config_check_sets_it_once_and_only_for_compiled_models(string_layer_names, monkeypatch):
-    monkeypatch.delenv("VLLM_OMNI_EDGE_CPP_WRAPPER", raising=False)
+    monkeypatch.setenv("VLLM_OMNI_EDGE_CPP_WRAPPER", "1")
     module, calls = _fake_platform_module()
     patch._wrap(module)
     patch._wrap(module)  # idempotent
@@ -77,8 +83,9 @@ def test_the_wrapped_config_check_sets_it_once_and_only_for_compiled_models(stri
     assert eager.compilation_config.inductor_compile_config == {}
 
 
-def test_it_wraps_beside_another_patch_of_the_same_method(string_layer_names):
+def test_it_wraps_beside_another_patch_of_the_same_method(string_layer_names, monkeypatch):
     """kv_budget wraps the same classmethod and marks it with the generic __edge_wrapped__."""
+    monkeypatch.setenv("VLLM_OMNI_EDGE_CPP_WRAPPER", "1")
     module, calls = _fake_platform_module()
     original = module.CpuPlatform.check_and_update_config.__func__
 
@@ -105,11 +112,12 @@ def _layer_name_mode_in_a_fresh_interpreter(**env) -> str:
     return line.split(" ", 1)[1]
 
 
-def test_the_venv_start_up_hook_gives_vllm_string_layer_names():
+def test_with_the_flag_the_venv_start_up_hook_gives_vllm_string_layer_names():
     """scripts/setup.sh's .pth installs patches/early.py in every interpreter, before `import vllm`."""
-    assert _layer_name_mode_in_a_fresh_interpreter() == "str 0"
+    assert _layer_name_mode_in_a_fresh_interpreter(VLLM_OMNI_EDGE_CPP_WRAPPER="1") == "str 0"
 
 
-def test_with_the_flag_off_or_the_users_own_choice_vllm_decides():
-    assert _layer_name_mode_in_a_fresh_interpreter(VLLM_OMNI_EDGE_CPP_WRAPPER="0") == "opaque None"
-    assert _layer_name_mode_in_a_fresh_interpreter(VLLM_USE_LAYERNAME="1") == "opaque 1"
+def test_by_default_or_by_the_users_own_choice_vllm_decides():
+    assert _layer_name_mode_in_a_fresh_interpreter() == "opaque None"
+    assert _layer_name_mode_in_a_fresh_interpreter(VLLM_OMNI_EDGE_CPP_WRAPPER="1",
+                                                   VLLM_USE_LAYERNAME="1") == "opaque 1"

@@ -18,7 +18,7 @@ inherit the front end's environment).
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
 | random sampling (temperature > 0) on CPU: eager draw, or vLLM's inductor-compiled one | VLLM_OMNI_EDGE_EAGER_SAMPLER=1/0 | 1 | patches/worker/cpu_random_sample.py |
 | vLLM-Omni's general plugin in `vllm-omni-edge serve`: left out for a model it does not register, or loaded | VLLM_PLUGINS unset / set by you | left out | cli/plugin_selection.py |
-| compiled model's wrapper: inductor's C++ wrapper, or its generated Python | VLLM_OMNI_EDGE_CPP_WRAPPER=1/0 | 1 | patches/frontend/inductor_cpp_wrapper.py |
+| compiled model's wrapper: inductor's generated Python, or its C++ wrapper | VLLM_OMNI_EDGE_CPP_WRAPPER=0/1 | 0 | patches/frontend/inductor_cpp_wrapper.py |
 | CPU attention calls of a decoder layer: cache views kept, ops called directly; or vLLM's | VLLM_OMNI_EDGE_ATTENTION_CALLS=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 
@@ -74,7 +74,8 @@ def eager_sampler_enabled() -> bool:
 
 
 def cpp_wrapper_enabled() -> bool:
-    return _choice(CPP_WRAPPER_ENV, ("1", "0"), "1") == "1"
+    # Off by default: no decode gain measured (cpp-wrapper-default, cpp-wrapper-qwen).
+    return _choice(CPP_WRAPPER_ENV, ("0", "1"), "0") == "1"
 
 
 def attention_calls_enabled() -> bool:

@@ -5,7 +5,8 @@ in every interpreter of the venv; our console scripts call it too. Each hook onl
 a finder to ``sys.meta_path`` (no heavy import) and acts when its module is imported:
 
 - ``torchvision_native_ops``: schemas torchvision's fake registrations need;
-- ``inductor_cpp_wrapper``: ``VLLM_USE_LAYERNAME=0`` before ``vllm.utils.torch_utils``.
+- ``inductor_cpp_wrapper``: ``VLLM_USE_LAYERNAME=0`` before ``vllm.utils.torch_utils``, when
+  ``VLLM_OMNI_EDGE_CPP_WRAPPER=1`` asks for the C++ wrapper.
 """
 
 from __future__ import annotations

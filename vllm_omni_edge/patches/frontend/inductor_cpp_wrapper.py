@@ -1,7 +1,7 @@
-"""Run the compiled CPU model through inductor's C++ wrapper, not its Python one.
+"""Run the compiled CPU model through inductor's C++ wrapper (opt-in lever).
 
-What: (1) wraps ``CpuPlatform.check_and_update_config`` (front end, while the config is
-built): when the model is compiled with inductor, sets
+What: with ``VLLM_OMNI_EDGE_CPP_WRAPPER=1``: (1) wraps ``CpuPlatform.check_and_update_config``
+(front end, while the config is built): when the model is compiled with inductor, sets
 ``inductor_compile_config["cpp_wrapper"] = True`` unless the user set that key. (2) Just
 before ``vllm.utils.torch_utils`` is first imported, sets ``VLLM_USE_LAYERNAME=0`` unless
 the user set it, so attention ops take the layer name as a ``str``: inductor's C++
@@ -16,15 +16,19 @@ generated Python: per decode step of SmolLM2-135M it runs ~30 statements per lay
 also runs the kernels. perf on this 2-core box, one-process layout: that thread spent 37 %
 in the int4 matmul and ~55 % in the Python interpreter, pybind and malloc; py-spy put
 44 % of it in the wrapper's own ``call``. The C++ wrapper removes that part (the attention
-ops stay Python custom ops); greedy tokens are identical. The layer name only names the layer; as a ``str`` it is a graph constant,
-which costs nothing here because vLLM-CPU traces the whole model once.
-Flag: ``VLLM_OMNI_EDGE_CPP_WRAPPER=0`` keeps the Python wrapper (the A/B arm).
+ops stay Python custom ops); greedy tokens are identical. But it did not decode faster:
+0.89x (0.80-1.04) of the Python wrapper on SmolLM2 (``2026-12-01-cpp-wrapper-default``, 5
+interleaved passes), no gain on Qwen2.5-Coder-1.5B (``2026-12-01-cpp-wrapper-qwen``), and
+its first compile is longer. So it is off by default; the layer names stay vLLM's choice.
+The layer name only names the layer; as a ``str`` it is a graph constant, which costs
+nothing here because vLLM-CPU traces the whole model once.
+Flag: ``VLLM_OMNI_EDGE_CPP_WRAPPER=1`` turns it on (default 0: the Python wrapper).
 Verified by: tests/test_inductor_cpp_wrapper.py (config rules, env default, idempotent);
 tests/e2e/test_compiled_cpp_wrapper.py (the C++ wrapper gives the Python wrapper's
 greedy tokens; the worker evidence says which wrapper ran); decode in
 ``grids/cpp-wrapper-default.yaml`` and ``grids/cpp-wrapper-qwen.yaml``.
-Remove when: vLLM-CPU turns on inductor's ``cpp_wrapper`` itself (and torch's C++
-wrapper passes opaque objects to Python custom ops).
+Remove when: vLLM-CPU offers inductor's ``cpp_wrapper`` itself and torch's C++ wrapper
+passes opaque objects to Python custom ops; or drop it if no box shows a gain.
 """
 
 from __future__ import annotations
@@ -42,13 +46,12 @@ RECORD = PatchRecord(
     target="vllm.platforms.cpu.CpuPlatform.check_and_update_config "
     "(inductor_compile_config['cpp_wrapper']); env VLLM_USE_LAYERNAME before vllm.utils.torch_utils",
     process=Process.FRONTEND,
-    why="vLLM-CPU's compiled model runs inductor's generated Python wrapper: ~55 % of a SmolLM2 "
-    "decode step is interpreter and dispatch work on the thread that runs the kernels; the C++ "
-    "wrapper removes the wrapper's share of it.",
+    why="vLLM-CPU's compiled model runs inductor's generated Python wrapper (44 % of a SmolLM2 "
+    "decode step in py-spy); the C++ wrapper removes it. Opt-in: no decode gain measured yet.",
     verified_by="tests/test_inductor_cpp_wrapper.py; tests/e2e/test_compiled_cpp_wrapper.py (the Python "
     "wrapper's greedy tokens, evidence); grids/cpp-wrapper-default.yaml, grids/cpp-wrapper-qwen.yaml.",
-    remove_when="vLLM-CPU enables inductor's cpp_wrapper itself and torch's C++ wrapper passes "
-    "opaque objects (vLLM's LayerName) to Python custom ops.",
+    remove_when="vLLM-CPU offers inductor's cpp_wrapper itself and torch's C++ wrapper passes "
+    "opaque objects (vLLM's LayerName) to Python custom ops; or no box shows a gain.",
 )
 
 TORCH_UTILS = "vllm.utils.torch_utils"

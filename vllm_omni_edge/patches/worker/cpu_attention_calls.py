@@ -12,7 +12,10 @@ Why: vLLM's compiled model calls these two Python custom ops once per layer per 
 graph cannot hold them); with inductor's C++ wrapper they are most of the Python left in a
 decode step. py-spy, SmolLM2-135M one process: the two paths took 15.7 % of a step, their
 native kernels ~4 %. Micro-benchmark on this box (busy): view + chunk 9.8 us, the
-keyword wrapper 17.0 vs 13.5 us through the overload, a slice 2.6 us.
+keyword wrapper 17.0 vs 13.5 us through the overload, a slice 2.6 us. Measured end to
+end (``2026-12-01-cpp-wrapper-default``, 5 interleaved passes, one process, C++ wrapper):
+SmolLM2 decode 1.25x (1.19-1.37) with the trimmed calls, far more than these per-call
+costs add up to; the grid measures it, the profile does not explain all of it.
 Flag: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm).
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
