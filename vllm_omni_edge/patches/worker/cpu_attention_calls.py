@@ -19,7 +19,8 @@ costs add up to; the grid measures it, the profile does not explain all of it.
 Flag: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm).
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
-idempotent); decode in ``grids/cpp-wrapper-default.yaml``.
+idempotent); decode in ``grids/cpp-wrapper-default.yaml`` (A/B) and
+``grids/attention-calls-default.yaml``.
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
 without the keyword wrappers (or the attention moves into the compiled graph).
 """
@@ -39,7 +40,7 @@ RECORD = PatchRecord(
     "through keyword wrappers: with the C++ wrapper that Python is most of what remains of a "
     "decode step outside the kernels.",
     verified_by="tests/test_cpu_attention_calls.py (same writes and outputs as vLLM's code); "
-    "grids/cpp-wrapper-default.yaml.",
+    "grids/cpp-wrapper-default.yaml, grids/attention-calls-default.yaml.",
     remove_when="vLLM's CPU attention backend caches its cache views and calls its ops directly.",
 )
 
