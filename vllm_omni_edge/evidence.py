@@ -68,11 +68,15 @@ def _compile_warmup_tokens() -> int | None:
     return compile_warmup_tokens.last_warmup_tokens
 
 
-def _compile_cache_counts() -> dict[str, int]:
+def _compile_cache_counts() -> dict:
     from vllm.compilation.counter import compilation_counter
 
+    from vllm_omni_edge.patches.worker import compile_cache_key
+
     return {"aot_compiled": compilation_counter.num_aot_compiles,
-            "aot_loaded": compilation_counter.num_aot_artifacts_loaded}
+            "aot_loaded": compilation_counter.num_aot_artifacts_loaded,
+            # What of ours the cache key carried (patches/worker/compile_cache_key.py).
+            "edge_key": compile_cache_key.last_factor}
 
 
 def _unique_storage_bytes(tensors) -> int:

@@ -1,4 +1,5 @@
-"""The AVX2 W4A8 C++ op against two references, its envelope, and its build cache.
+"""The W4A8 C++ ops (AVX2 and AVX-512 VNNI) against two references, their envelope, and the
+build cache.
 
 Two references, because the op has two error sources: against a PyTorch model of
 exactly what it computes (activations quantized per 32 the same way) it must
@@ -23,6 +24,7 @@ from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
+    Avx512VnniW4A8Kernel,
     CpuFeatures,
     KernelUnavailableError,
     choose_kernel,
@@ -31,6 +33,14 @@ from vllm_omni_edge.quantization.kernels import (
 
 LOADED, WHY = native.load_w4a8_avx2()
 needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WHY}")
+VNNI_OK, VNNI_WHY = Avx512VnniW4A8Kernel.can_implement(
+    CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)
+# Both variants of the op, each where this CPU runs it.
+W4A8_KERNELS = [
+    pytest.param(Avx2W4A8Kernel, id="avx2"),
+    pytest.param(Avx512VnniW4A8Kernel, id="vnni", marks=pytest.mark.skipif(
+        not VNNI_OK, reason=f"avx512_w4a8 cannot run here: {VNNI_WHY}")),
+]
 
 # Against the model of the op: fp32 accumulation order differs, nothing else
 # (worst seen 3e-7 in fp32 over these shapes).
@@ -41,8 +51,11 @@ MODEL_TOLERANCE = 1e-5
 EXACT_TOLERANCE = 0.02
 OUTPUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # (N, K, group): one block; N below any tile; N past a weight chunk with a remainder;
-# every group size; Qwen's down_proj K (8960 = 280 blocks).
-SHAPES = [(1, 32, 32), (7, 64, 32), (37, 512, 64), (48, 512, 128), (40, 1024, 256), (24, 8960, 32)]
+# every group size; Qwen's down_proj K (8960 = 280 blocks); for the VNNI variant, which
+# takes blocks 16 at a time and in pairs, SmolLM2's K (576 = 18 blocks) and an odd count
+# past 16 (1120 = 35 blocks), and 36 blocks of groups of 2.
+SHAPES = [(1, 32, 32), (7, 64, 32), (37, 512, 64), (48, 512, 128), (40, 1024, 256), (24, 8960, 32),
+          (40, 576, 32), (20, 1120, 32), (16, 1152, 64)]
 
 
 def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
@@ -60,37 +73,40 @@ def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
     return scale_part + offset_part
 
 
-def run(N, K, g, M, act_dtype=torch.float32, seed=0):
+def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
     layer, weight = int4_layer(N, K, g, act_dtype, seed)
     stored = layer.qweight.data
-    kernel = Avx2W4A8Kernel()
+    kernel = kernel_cls()
     kernel.process_weights(layer)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(act_dtype)
     return kernel.apply(layer, x, None), x, layer, weight, stored
 
 
 @needs_op
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
 @pytest.mark.parametrize("N,K,g", SHAPES)
 @pytest.mark.parametrize("M", [1, 3, 4, 9])
-def test_matches_model_of_op_and_exact_product(N, K, g, M):
-    out, x, layer, weight, _ = run(N, K, g, M)
+def test_matches_model_of_op_and_exact_product(N, K, g, M, kernel_cls):
+    out, x, layer, weight, _ = run(N, K, g, M, kernel_cls=kernel_cls)
     assert out.shape == (M, N) and out.dtype == torch.float32
     assert relative_error(out, model_of_op(x, layer.qweight, layer.scales, layer.zeros)) < MODEL_TOLERANCE
     assert relative_error(out, F.linear(x, weight)) < EXACT_TOLERANCE
 
 
 @needs_op
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
 @pytest.mark.parametrize("act_dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_activations(act_dtype):
-    out, x, _, weight, _ = run(96, 576, 32, 5, act_dtype)
+def test_half_activations(act_dtype, kernel_cls):
+    out, x, _, weight, _ = run(96, 576, 32, 5, act_dtype, kernel_cls=kernel_cls)
     assert out.dtype == act_dtype
     assert relative_error(out, F.linear(x.float(), weight)) < EXACT_TOLERANCE + OUTPUT_ROUNDING[act_dtype]
 
 
 @needs_op
-def test_zero_rows_and_bias_and_3d():
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
+def test_zero_rows_and_bias_and_3d(kernel_cls):
     layer, weight = int4_layer(32, 128, 32, torch.float32)
-    kernel = Avx2W4A8Kernel()
+    kernel = kernel_cls()
     kernel.process_weights(layer)
     x = torch.randn(2, 3, 128)
     x[0, 1] = 0  # an all-zero block must give exactly the bias, not NaN
@@ -102,16 +118,18 @@ def test_zero_rows_and_bias_and_3d():
 
 
 @needs_op
-def test_runs_on_the_stored_weights_without_a_copy():
-    _, _, layer, _, stored = run(64, 256, 32, 1)
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
+def test_runs_on_the_stored_weights_without_a_copy(kernel_cls):
+    _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=kernel_cls)
     assert layer.qweight.data_ptr() == stored.data_ptr()
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
 
 
 @needs_op
-def test_op_rejects_bad_shapes_by_name():
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
+def test_op_rejects_bad_shapes_by_name(kernel_cls):
     layer, _ = int4_layer(16, 64, 32, torch.float32)
-    op = torch.ops.edge_cpu_int4.w4a8_mm
+    op = kernel_cls.op()
     with pytest.raises(RuntimeError, match="group size 48 is not a multiple of 32"):
         op(torch.randn(1, 64), layer.qweight, layer.scales, layer.zeros, 48)
     with pytest.raises(RuntimeError, match="does not match K=128"):
@@ -129,6 +147,19 @@ def test_envelope_is_what_can_implement_says():
     no_avx2 = CpuFeatures(capability="DEFAULT", amx=False, vllm_w4a8_op=False)
     ok, why = Avx2W4A8Kernel.can_implement(no_avx2, 32, 64, 16, torch.bfloat16, float_zero=True)
     assert not ok and "needs AVX2" in why
+
+
+def test_vnni_variant_names_the_flags_a_cpu_lacks(monkeypatch):
+    import vllm_omni_edge.quantization.kernels.avx2_w4a8 as module
+
+    monkeypatch.setattr(module, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
+    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
+                                                 float_zero=True)
+    assert not ok and "lacks avx512bw, avx512vl, avx512dq, avx512_vnni" in why
+    # Everything else in its envelope is the AVX2 variant's.
+    monkeypatch.setattr(module, "cpu_flags", lambda: frozenset(module.VNNI_FLAGS))
+    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16)
+    assert not ok and "float offsets" in why
 
 
 def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):

@@ -20,6 +20,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.compile_cache_load",
+    "vllm_omni_edge.patches.worker.compile_cache_key",
     "vllm_omni_edge.patches.worker.compile_warmup_tokens",
     "vllm_omni_edge.patches.worker.cpu_random_sample",
     "vllm_omni_edge.patches.worker.cpu_attention_calls",

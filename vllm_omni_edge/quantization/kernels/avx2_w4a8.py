@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_omni_edge.cpu_features import cpu_flags
 from vllm_omni_edge.quantization.kernels import native
 from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
@@ -27,6 +28,8 @@ from vllm_omni_edge.quantization.kernels.base import (
 )
 
 ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# What the VNNI variant's target attribute asks of the CPU (Linux /proc/cpuinfo names).
+VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 
 
 class Avx2W4A8Kernel(Int4Kernel):
@@ -53,13 +56,37 @@ class Avx2W4A8Kernel(Int4Kernel):
         set_weight(layer, "scales", layer.scales.data.to(torch.bfloat16).contiguous())
         set_weight(layer, "zeros", layer.zeros.data.to(torch.bfloat16).contiguous())
 
+    @staticmethod
+    def op():
+        return torch.ops.edge_cpu_int4.w4a8_mm
+
     def apply(self, layer, x, bias):
         x2 = as_2d(x, layer.int4_in_features)
         out = dense_prefill(layer, x2)
         if out is None:
-            out = torch.ops.edge_cpu_int4.w4a8_mm(
-                x2, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size
-            )
+            out = self.op()(x2, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size)
         if bias is not None:
             out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+class Avx512VnniW4A8Kernel(Avx2W4A8Kernel):
+    """The same W4A8 product with ``vpdpbusd`` (``edge_cpu_int4::w4a8_vnni_mm``): two 32-blocks
+    per 512-bit register, scales applied 16 blocks per vector. Same integer dot products as
+    ``avx2_w4a8``, so the same numerics up to fp32 summation order."""
+
+    name = "avx512_w4a8"
+
+    @classmethod
+    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
+        missing = [f for f in VNNI_FLAGS if f not in cpu_flags()]
+        if missing:
+            return False, f"needs AVX-512 VNNI (this CPU lacks {', '.join(missing)})"
+        ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
+        if not ok:
+            return ok, why
+        return True, "W4A8 AVX-512 VNNI (int8 activations per 32, vpdpbusd)"
+
+    @staticmethod
+    def op():
+        return torch.ops.edge_cpu_int4.w4a8_vnni_mm

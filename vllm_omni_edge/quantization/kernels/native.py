@@ -111,6 +111,8 @@ def load_w4a8_avx2() -> tuple[bool, str]:
 def _register_fake() -> None:
     """Shape-only implementation, so torch.compile can trace through the op."""
 
-    @torch.library.register_fake(f"{OP_NAMESPACE}::w4a8_mm")
-    def _(x, qweight, scales, offsets, group_size):
+    def output_shape(x, qweight, scales, offsets, group_size):
         return x.new_empty((x.shape[0], qweight.shape[0]))
+
+    for op in ("w4a8_mm", "w4a8_vnni_mm"):
+        torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(output_shape)
