@@ -40,6 +40,11 @@ constexpr int64_t kWeightChunk = 16;
 // a forward reads it, it was 2x slower (kernel_bench, 2026-12-01).
 constexpr int64_t kPrefetchRows = 2;
 constexpr int64_t kCacheLine = 64;
+// VNNI decode: weight rows computed together against the one activation row.
+#ifndef EDGE_DECODE_COLS
+#define EDGE_DECODE_COLS 2
+#endif
+constexpr int64_t kDecodeCols = EDGE_DECODE_COLS;
 
 inline float bf16_to_float(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -266,6 +271,84 @@ EDGE_VNNI void dot_row_vnni(const uint8_t* w, const uint16_t* scale, const uint1
   }
 }
 
+// Decode (one activation row) against C consecutive weight rows: the rows share the
+// activation loads and scales and give C independent FMA chains.
+template <int C, typename T>
+EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+                             int64_t K, int64_t group_size, const QuantizedActivations& a, T* out) {
+  const int64_t blocks = K / kBlock;
+  const int64_t groups = K / group_size;
+  const int64_t blocks_per_group = group_size / kBlock;
+  const int64_t row_bytes = K / 2;
+  {
+    const char* next_w = reinterpret_cast<const char*>(w) + kPrefetchRows * C * row_bytes;
+    for (int64_t off = 0; off < C * row_bytes; off += kCacheLine) _mm_prefetch(next_w + off, _MM_HINT_T0);
+    const char* next_s = reinterpret_cast<const char*>(scale + kPrefetchRows * C * groups);
+    const char* next_o = reinterpret_cast<const char*>(offset + kPrefetchRows * C * groups);
+    for (int64_t off = 0; off < C * groups * 2; off += kCacheLine) {
+      _mm_prefetch(next_s + off, _MM_HINT_T0);
+      _mm_prefetch(next_o + off, _MM_HINT_T0);
+    }
+  }
+  __m512 acc[C];
+  float tail[C];
+  for (int c = 0; c < C; ++c) {
+    acc[c] = _mm512_setzero_ps();
+    tail[c] = 0.f;
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    const __mmask16 mask = groups - g0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g0)) - 1);
+    const __m512 sums = _mm512_maskz_loadu_ps(mask, a.group_sum + g0);
+    for (int c = 0; c < C; ++c) {
+      const __m256i bits = _mm256_maskz_loadu_epi16(mask, offset + c * groups + g0);
+      const __m512 m = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+      acc[c] = _mm512_fmadd_ps(m, sums, acc[c]);
+    }
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i pair_lanes[8];
+  for (int j = 0; j < 8; ++j) {
+    pair_lanes[j] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
+  }
+  for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
+    const int64_t n = std::min<int64_t>(16, blocks - b0);
+    const __mmask16 mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const __m512 act_scale = _mm512_maskz_loadu_ps(mask, a.block_scale + b0);
+    __m512 dscale[C];
+    for (int c = 0; c < C; ++c) {
+      __m512 wscale;
+      if (blocks_per_group == 1) {
+        const __m256i bits = _mm256_maskz_loadu_epi16(mask, scale + c * groups + b0);
+        wscale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+      } else {
+        alignas(64) float by_block[16] = {};
+        for (int64_t i = 0; i < n; ++i) by_block[i] = bf16_to_float(scale[c * groups + (b0 + i) / blocks_per_group]);
+        wscale = _mm512_load_ps(by_block);
+      }
+      dscale[c] = _mm512_mul_ps(wscale, act_scale);
+    }
+    for (int64_t j = 0; j < n / 2; ++j) {
+      const __m512i x = _mm512_loadu_si512(a.q + (b0 + 2 * j) * kBlock);
+      for (int c = 0; c < C; ++c) {
+        const __m512i wq = unpack_block_pair(w + c * row_bytes + (b0 + 2 * j) * (kBlock / 2));
+        const __m512i dot = _mm512_dpbusd_epi32(zero, wq, x);
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pair_lanes[j], dscale[c]), acc[c]);
+      }
+    }
+    if (n % 2) {
+      const int64_t b = b0 + n - 1;
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + b * kBlock));
+      for (int c = 0; c < C; ++c) {
+        const __m256i wq = unpack_block(w + c * row_bytes + b * (kBlock / 2));
+        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x);
+        tail[c] = a.block_scale[b] * bf16_to_float(scale[c * groups + b / blocks_per_group]) *
+                  horizontal_sum(_mm256_cvtepi32_ps(dot));
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = static_cast<T>(horizontal_sum512(acc[c]) + tail[c]);
+}
+
 template <typename T>
 EDGE_VNNI void dot_rows_vnni(int64_t rows, const uint8_t* w, const uint16_t* scale,
                              const uint16_t* offset, int64_t K, int64_t group_size,
@@ -335,7 +418,18 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
         for (int64_t m = 0; m < M; m += kRowTile) {
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t rows = std::min(kRowTile, M - m);
-            if (vnni) {
+            if (vnni && M == 1 && kDecodeCols > 1) {
+              // Decode: kDecodeCols weight rows per pass (n advances past them below).
+              const int64_t cols = std::min(kDecodeCols, n1 - n);
+              if (cols == kDecodeCols) {
+                dot_cols_vnni<kDecodeCols>(wp + n * (K / 2), sp + n * groups, op + n * groups, K,
+                                           group_size, a, outp + n);
+              } else {
+                dot_cols_vnni<1>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
+                                 a, outp + n);
+              }
+              n += cols - 1;
+            } else if (vnni) {
               dot_rows_vnni(rows, wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
                             a, m, outp + m * N + n, N);
             } else {
