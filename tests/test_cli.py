@@ -35,6 +35,9 @@ def test_doctor_passes_on_the_set_up_environment():
         assert module in proc.stdout
     # setup.sh builds the C++ kernel; doctor reports it (warns if it is missing).
     assert "avx2_w4a8" in proc.stdout
+    # And whether its VNNI variant runs on this CPU, either way with the reason.
+    vnni = [line for line in proc.stdout.splitlines() if "avx512_w4a8" in line]
+    assert vnni and ("runs here" in vnni[0] or "not here: " in vnni[0]), proc.stdout
     # setup.sh's .pth puts patches/early.py's hooks in every interpreter of the venv.
     assert any(line.startswith("ok") and "start-up hooks" in line and "in force" in line
                for line in proc.stdout.splitlines()), proc.stdout

@@ -85,10 +85,17 @@ def kernel_checks() -> list[Check]:
     if not native.x86_64():
         return []
     path = native.library_path()
-    if path.exists():
-        return [Check("avx2_w4a8", True, f"built ({path})")]
-    return [Check("avx2_w4a8", True, "not built: run `vllm-omni-edge build-kernels` "
-                  "(until then cpu_int4 runs on int4pack)", warning=True)]
+    if not path.exists():
+        return [Check("avx2_w4a8", True, "not built: run `vllm-omni-edge build-kernels` "
+                      "(until then cpu_int4 runs on int4pack)", warning=True)]
+    import torch
+
+    from vllm_omni_edge.quantization.kernels import Avx512VnniW4A8Kernel, CpuFeatures
+
+    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
+                                                 float_zero=True)
+    vnni = "runs here (opt-in: VLLM_OMNI_EDGE_INT4_KERNEL=avx512_w4a8)" if ok else f"not here: {why}"
+    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8", True, vnni)]
 
 
 # A typical layer for the route check: SmolLM2's fused q/k/v (K=576, N=960), group 32.

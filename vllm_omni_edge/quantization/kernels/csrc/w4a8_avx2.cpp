@@ -101,6 +101,20 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Asks for `rows` weight rows, with their scales and offsets, starting `ahead` rows past w.
+// A hint: prefetches never fault, so rows past the last one need no check.
+inline void prefetch_rows(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
+                          int64_t groups, int64_t ahead, int64_t rows) {
+  const char* next_w = reinterpret_cast<const char*>(w + ahead * (K / 2));
+  for (int64_t off = 0; off < rows * (K / 2); off += kCacheLine) _mm_prefetch(next_w + off, _MM_HINT_T0);
+  const char* next_s = reinterpret_cast<const char*>(scale + ahead * groups);
+  const char* next_o = reinterpret_cast<const char*>(offset + ahead * groups);
+  for (int64_t off = 0; off < rows * groups * 2; off += kCacheLine) {
+    _mm_prefetch(next_s + off, _MM_HINT_T0);
+    _mm_prefetch(next_o + off, _MM_HINT_T0);
+  }
+}
+
 // One weight row against R activation rows (R <= kRowTile); results to out[r * N], in the
 // activations' dtype (rounded once, as a float result's .to() would).
 // Prefill takes R = 4: each unpacked weight block serves four activation rows. Decode
@@ -127,17 +141,7 @@ void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, in
     acc[r] = _mm256_setzero_ps();
     offset_term[r] = 0.f;
   }
-  if (R == 1) {
-    // A hint: prefetches never fault, so the rows past the last one need no check.
-    const char* next_w = reinterpret_cast<const char*>(w) + kPrefetchRows * (K / 2);
-    for (int64_t off = 0; off < K / 2; off += kCacheLine) _mm_prefetch(next_w + off, _MM_HINT_T0);
-    const char* next_s = reinterpret_cast<const char*>(scale + kPrefetchRows * groups);
-    const char* next_o = reinterpret_cast<const char*>(offset + kPrefetchRows * groups);
-    for (int64_t off = 0; off < groups * 2; off += kCacheLine) {
-      _mm_prefetch(next_s + off, _MM_HINT_T0);
-      _mm_prefetch(next_o + off, _MM_HINT_T0);
-    }
-  }
+  if (R == 1) prefetch_rows(w, scale, offset, K, groups, kPrefetchRows, 1);
   for (int64_t g = 0; g < groups; ++g) {
     const float d = bf16_to_float(scale[g]);
     const float m = bf16_to_float(offset[g]);
@@ -181,6 +185,26 @@ EDGE_VNNI inline __m512i unpack_block_pair(const uint8_t* p) {
   return _mm512_shuffle_i64x2(lanes, lanes, _MM_SHUFFLE(3, 1, 2, 0));
 }
 
+// pair_lanes[j] picks lanes [2j x8, 2j+1 x8] of a 16-block scale vector: the scales of the
+// pair of blocks one vpdpbusd covered.
+EDGE_VNNI inline void make_pair_lanes(__m512i (&pair_lanes)[8]) {
+  for (int j = 0; j < 8; ++j) {
+    pair_lanes[j] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
+  }
+}
+
+// The weight scales of blocks b0 .. b0+n-1 (n <= 16, masked) of one row, as fp32 lanes.
+EDGE_VNNI inline __m512 block_scales16(const uint16_t* scale, int64_t b0, int64_t n, __mmask16 mask,
+                                       int64_t blocks_per_group) {
+  if (blocks_per_group == 1) {  // one bf16 scale per block: widen 16 of them at once
+    const __m256i bits = _mm256_maskz_loadu_epi16(mask, scale + b0);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+  }
+  alignas(64) float by_block[16] = {};
+  for (int64_t i = 0; i < n; ++i) by_block[i] = bf16_to_float(scale[(b0 + i) / blocks_per_group]);
+  return _mm512_load_ps(by_block);
+}
+
 // One weight row against R activation rows, as dot_row, with vpdpbusd on two blocks at a
 // time: int32 lanes 0-7 hold block b's partial sums, lanes 8-15 block b+1's, so one fp32
 // FMA with [scale_b x8, scale_b+1 x8] accumulates both. An odd last block takes 256 bits.
@@ -202,16 +226,7 @@ EDGE_VNNI void dot_row_vnni(const uint8_t* w, const uint16_t* scale, const uint1
     acc[r] = _mm512_setzero_ps();
     acc_odd[r] = _mm512_setzero_ps();
   }
-  if (R == 1) {
-    const char* next_w = reinterpret_cast<const char*>(w) + kPrefetchRows * (K / 2);
-    for (int64_t off = 0; off < K / 2; off += kCacheLine) _mm_prefetch(next_w + off, _MM_HINT_T0);
-    const char* next_s = reinterpret_cast<const char*>(scale + kPrefetchRows * groups);
-    const char* next_o = reinterpret_cast<const char*>(offset + kPrefetchRows * groups);
-    for (int64_t off = 0; off < groups * 2; off += kCacheLine) {
-      _mm_prefetch(next_s + off, _MM_HINT_T0);
-      _mm_prefetch(next_o + off, _MM_HINT_T0);
-    }
-  }
+  if (R == 1) prefetch_rows(w, scale, offset, K, groups, kPrefetchRows, 1);
   // Offset term, 16 groups per FMA (a scalar chain of one FMA per group was a third of
   // the row's time at K = 576); its lanes join the accumulator before the one reduction.
   for (int64_t g0 = 0; g0 < groups; g0 += 16) {
@@ -225,23 +240,13 @@ EDGE_VNNI void dot_row_vnni(const uint8_t* w, const uint16_t* scale, const uint1
   // work per pair, and a division per block before that, cost more than the dot).
   const __m512i zero = _mm512_setzero_si512();
   __m512i pair_lanes[8];
-  for (int j = 0; j < 8; ++j) {
-    pair_lanes[j] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
-  }
+  make_pair_lanes(pair_lanes);
   float tail[R];
   for (int r = 0; r < R; ++r) tail[r] = 0.f;
   for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
     const int64_t n = std::min<int64_t>(16, blocks - b0);
     const __mmask16 mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    __m512 wscale;
-    if (blocks_per_group == 1) {
-      const __m256i bits = _mm256_maskz_loadu_epi16(mask, scale + b0);
-      wscale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    } else {
-      alignas(64) float by_block[16] = {};
-      for (int64_t i = 0; i < n; ++i) by_block[i] = bf16_to_float(scale[(b0 + i) / blocks_per_group]);
-      wscale = _mm512_load_ps(by_block);
-    }
+    const __m512 wscale = block_scales16(scale, b0, n, mask, blocks_per_group);
     __m512 dscale[R];
     for (int r = 0; r < R; ++r) dscale[r] = _mm512_mul_ps(wscale, _mm512_maskz_loadu_ps(mask, qs[r] + b0));
     const uint8_t* wb = w + b0 * (kBlock / 2);
@@ -280,16 +285,7 @@ EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint
   const int64_t groups = K / group_size;
   const int64_t blocks_per_group = group_size / kBlock;
   const int64_t row_bytes = K / 2;
-  {
-    const char* next_w = reinterpret_cast<const char*>(w) + kPrefetchRows * C * row_bytes;
-    for (int64_t off = 0; off < C * row_bytes; off += kCacheLine) _mm_prefetch(next_w + off, _MM_HINT_T0);
-    const char* next_s = reinterpret_cast<const char*>(scale + kPrefetchRows * C * groups);
-    const char* next_o = reinterpret_cast<const char*>(offset + kPrefetchRows * C * groups);
-    for (int64_t off = 0; off < C * groups * 2; off += kCacheLine) {
-      _mm_prefetch(next_s + off, _MM_HINT_T0);
-      _mm_prefetch(next_o + off, _MM_HINT_T0);
-    }
-  }
+  prefetch_rows(w, scale, offset, K, groups, kPrefetchRows * C, C);
   __m512 acc[C];
   float tail[C];
   for (int c = 0; c < C; ++c) {
@@ -307,25 +303,14 @@ EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint
   }
   const __m512i zero = _mm512_setzero_si512();
   __m512i pair_lanes[8];
-  for (int j = 0; j < 8; ++j) {
-    pair_lanes[j] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
-  }
+  make_pair_lanes(pair_lanes);
   for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
     const int64_t n = std::min<int64_t>(16, blocks - b0);
     const __mmask16 mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
     const __m512 act_scale = _mm512_maskz_loadu_ps(mask, a.block_scale + b0);
     __m512 dscale[C];
     for (int c = 0; c < C; ++c) {
-      __m512 wscale;
-      if (blocks_per_group == 1) {
-        const __m256i bits = _mm256_maskz_loadu_epi16(mask, scale + c * groups + b0);
-        wscale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-      } else {
-        alignas(64) float by_block[16] = {};
-        for (int64_t i = 0; i < n; ++i) by_block[i] = bf16_to_float(scale[c * groups + (b0 + i) / blocks_per_group]);
-        wscale = _mm512_load_ps(by_block);
-      }
-      dscale[c] = _mm512_mul_ps(wscale, act_scale);
+      dscale[c] = _mm512_mul_ps(block_scales16(scale + c * groups, b0, n, mask, blocks_per_group), act_scale);
     }
     for (int64_t j = 0; j < n / 2; ++j) {
       const __m512i x = _mm512_loadu_si512(a.q + (b0 + 2 * j) * kBlock);
