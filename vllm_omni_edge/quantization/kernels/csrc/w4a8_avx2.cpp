@@ -40,11 +40,9 @@ constexpr int64_t kWeightChunk = 16;
 // a forward reads it, it was 2x slower (kernel_bench, 2026-12-01).
 constexpr int64_t kPrefetchRows = 2;
 constexpr int64_t kCacheLine = 64;
-// VNNI decode: weight rows computed together against the one activation row.
-#ifndef EDGE_DECODE_COLS
-#define EDGE_DECODE_COLS 2
-#endif
-constexpr int64_t kDecodeCols = EDGE_DECODE_COLS;
+// VNNI decode: weight rows computed together against the one activation row (four were
+// slower on Qwen's down projection: four weight streams).
+constexpr int64_t kDecodeCols = 2;
 
 inline float bf16_to_float(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -403,7 +401,7 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
         for (int64_t m = 0; m < M; m += kRowTile) {
           for (int64_t n = n0; n < n1; ++n) {
             const int64_t rows = std::min(kRowTile, M - m);
-            if (vnni && M == 1 && kDecodeCols > 1) {
+            if (vnni && M == 1) {
               // Decode: kDecodeCols weight rows per pass (n advances past them below).
               const int64_t cols = std::min(kDecodeCols, n1 - n);
               if (cols == kDecodeCols) {
