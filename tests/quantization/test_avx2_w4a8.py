@@ -24,6 +24,7 @@ from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
+    Avx512VnniRows16W4A8Kernel,
     Avx512VnniW4A8Kernel,
     CpuFeatures,
     KernelUnavailableError,
@@ -35,11 +36,12 @@ LOADED, WHY = native.load_w4a8_avx2()
 needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WHY}")
 VNNI_OK, VNNI_WHY = Avx512VnniW4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)
-# Both variants of the op, each where this CPU runs it.
+needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8 cannot run here: {VNNI_WHY}")
+# Every variant of the op, each where this CPU runs it.
 W4A8_KERNELS = [
     pytest.param(Avx2W4A8Kernel, id="avx2"),
-    pytest.param(Avx512VnniW4A8Kernel, id="vnni", marks=pytest.mark.skipif(
-        not VNNI_OK, reason=f"avx512_w4a8 cannot run here: {VNNI_WHY}")),
+    pytest.param(Avx512VnniW4A8Kernel, id="vnni", marks=needs_vnni),
+    pytest.param(Avx512VnniRows16W4A8Kernel, id="vnni-rows16", marks=needs_vnni),
 ]
 
 # Against the model of the op: fp32 accumulation order differs, nothing else
@@ -74,8 +76,9 @@ def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
 
 
 def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
+    """(output, x, layer, exact weights, the stored triple as loaded)."""
     layer, weight = int4_layer(N, K, g, act_dtype, seed)
-    stored = layer.qweight.data
+    stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
     kernel = kernel_cls()
     kernel.process_weights(layer)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(act_dtype)
@@ -87,9 +90,13 @@ def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
 @pytest.mark.parametrize("N,K,g", SHAPES)
 @pytest.mark.parametrize("M", [1, 3, 4, 9])
 def test_matches_model_of_op_and_exact_product(N, K, g, M, kernel_cls):
-    out, x, layer, weight, _ = run(N, K, g, M, kernel_cls=kernel_cls)
+    if kernel_cls is Avx512VnniRows16W4A8Kernel and N % 16:
+        ok, why = kernel_cls.can_implement(CpuFeatures.detect(), g, K, N, torch.float32, float_zero=True)
+        assert not ok and f"multiple of 16, got N={N}" in why
+        return
+    out, x, layer, weight, stored = run(N, K, g, M, kernel_cls=kernel_cls)
     assert out.shape == (M, N) and out.dtype == torch.float32
-    assert relative_error(out, model_of_op(x, layer.qweight, layer.scales, layer.zeros)) < MODEL_TOLERANCE
+    assert relative_error(out, model_of_op(x, *stored)) < MODEL_TOLERANCE
     assert relative_error(out, F.linear(x, weight)) < EXACT_TOLERANCE
 
 
@@ -118,11 +125,28 @@ def test_zero_rows_and_bias_and_3d(kernel_cls):
 
 
 @needs_op
-@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS[:2])
 def test_runs_on_the_stored_weights_without_a_copy(kernel_cls):
     _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=kernel_cls)
-    assert layer.qweight.data_ptr() == stored.data_ptr()
+    assert layer.qweight.data_ptr() == stored[0].data_ptr()
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
+
+
+@needs_op
+@needs_vnni
+def test_rows16_replaces_the_stored_layout_with_one_of_the_same_bytes():
+    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Avx512VnniRows16W4A8Kernel)
+    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
+    for now, was in ((layer.qweight, qweight), (layer.scales, scales), (layer.zeros, zeros.bfloat16())):
+        assert now.shape == was.shape and now.dtype == was.dtype and now.data_ptr() != was.data_ptr()
+    q = int4.unpack_nibbles(qweight)
+    packed = layer.qweight.reshape(-1)
+    # Tile 1 (rows 16-31), block 2 (k 64-95), chunk 3, row 5 of the tile, byte 2:
+    # low nibble is k = 64 + 8*3 + 2, high nibble k + 4.
+    byte = packed[1 * 16 * 64 + 2 * 256 + 3 * 64 + 4 * 5 + 2]
+    assert byte & 0x0F == q[21, 90] and byte >> 4 == q[21, 94]
+    # Scales: [tile][group][16 rows].
+    assert layer.scales.reshape(-1)[1 * 16 * 2 + 1 * 16 + 5] == scales[21, 1]
 
 
 @needs_op
@@ -147,6 +171,15 @@ def test_envelope_is_what_can_implement_says():
     no_avx2 = CpuFeatures(capability="DEFAULT", amx=False, vllm_w4a8_op=False)
     ok, why = Avx2W4A8Kernel.can_implement(no_avx2, 32, 64, 16, torch.bfloat16, float_zero=True)
     assert not ok and "needs AVX2" in why
+
+
+@needs_op
+@needs_vnni
+def test_rows16_op_refuses_n_off_the_tile():
+    layer, _ = int4_layer(24, 64, 32, torch.float32)
+    with pytest.raises(RuntimeError, match="needs N a multiple of 16, got N=24"):
+        Avx512VnniRows16W4A8Kernel.op()(torch.randn(1, 64), layer.qweight, layer.scales.bfloat16(),
+                                        layer.zeros.bfloat16(), 32)
 
 
 def test_vnni_variant_names_the_flags_a_cpu_lacks(monkeypatch):

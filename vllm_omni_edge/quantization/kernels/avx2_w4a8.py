@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge.cpu_features import cpu_flags
+from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import native
 from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
@@ -90,3 +91,59 @@ class Avx512VnniW4A8Kernel(Avx2W4A8Kernel):
     @staticmethod
     def op():
         return torch.ops.edge_cpu_int4.w4a8_vnni_mm
+
+
+# Weight rows per tile of the interleaved layout: one int32 lane of a 512-bit vpdpbusd each.
+TILE_ROWS = 16
+
+
+def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
+    """The stored triple in ``w4a8_vnni_rows16_mm``'s layout, same shapes and bytes.
+
+    Per tile of 16 rows and block of 32 k: 4 chunks of 64 bytes; byte 4j + i of chunk c
+    holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble). Scales and
+    offsets become [tile][group][16 rows].
+    """
+    N, half_k = qweight.shape
+    K = half_k * 2
+    q = int4.unpack_nibbles(qweight)  # [N, K], values 0..15
+    # k = 32 b + 8 c + 4 h + i  ->  [tile, j, b, c, h, i]  ->  [tile, b, c, j, i, h]
+    q = q.reshape(N // TILE_ROWS, TILE_ROWS, K // 32, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    packed = (q[..., 0] | (q[..., 1] << 4)).contiguous().reshape(N, half_k)
+
+    def by_tile(t: torch.Tensor) -> torch.Tensor:
+        groups = t.shape[1]
+        return t.reshape(N // TILE_ROWS, TILE_ROWS, groups).transpose(1, 2).contiguous().reshape(N, groups)
+
+    return packed, by_tile(scales), by_tile(offsets)
+
+
+class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
+    """W4A8 with ``vpdpbusd`` on a 16-row interleaved layout (``edge_cpu_int4::w4a8_vnni_rows16_mm``).
+
+    The stored triple is rearranged once at load (same bytes, one layout) so that each int32
+    lane of a 512-bit vector is one weight row: a tile of 16 rows finishes with no horizontal
+    sum and no per-block lane shuffles. Same integer dot products as ``avx2_w4a8``."""
+
+    name = "avx512_w4a8_rows16"
+
+    @classmethod
+    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
+        ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
+        if not ok:
+            return ok, why
+        if N % TILE_ROWS:
+            return False, f"the 16-row layout needs N a multiple of {TILE_ROWS}, got N={N}"
+        return True, "W4A8 AVX-512 VNNI, 16 rows interleaved (int8 activations per 32, vpdpbusd)"
+
+    def process_weights(self, layer):
+        keep_dense_copy_if_asked(layer)
+        packed, scales, offsets = interleave_rows16(
+            layer.qweight.data, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))
+        set_weight(layer, "qweight", packed)
+        set_weight(layer, "scales", scales)
+        set_weight(layer, "zeros", offsets)
+
+    @staticmethod
+    def op():
+        return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm

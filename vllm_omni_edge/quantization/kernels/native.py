@@ -114,5 +114,5 @@ def _register_fake() -> None:
     def output_shape(x, qweight, scales, offsets, group_size):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    for op in ("w4a8_mm", "w4a8_vnni_mm"):
+    for op in ("w4a8_mm", "w4a8_vnni_mm", "w4a8_vnni_rows16_mm"):
         torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(output_shape)

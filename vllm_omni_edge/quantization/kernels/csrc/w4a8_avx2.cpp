@@ -344,6 +344,126 @@ EDGE_VNNI void dot_rows_vnni(int64_t rows, const uint8_t* w, const uint16_t* sca
   }
 }
 
+// quantize_row in k order with AVX-512: 32 values per block as two fp32 vectors.
+EDGE_VNNI inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+EDGE_VNNI inline __m512 load16(const double* x) {
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(x));
+  const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(x + 8));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+EDGE_VNNI inline __m512 load16(const c10::Half* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+EDGE_VNNI inline __m512 load16(const c10::BFloat16* x) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// Same values as quantize_row(..., nibble_order=false) up to the fp32 order of the block
+// sums; cvtps rounds to nearest even, as nearbyint does. The scalar loop was ~3 us of a
+// ~15 us decode call at K = 576.
+template <typename T>
+EDGE_VNNI void quantize_row_vnni(const T* x, int64_t K, int64_t group_size, int8_t* q,
+                                 float* block_scale, float* group_sum) {
+  const int64_t blocks_per_group = group_size / kBlock;
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const __m512 v0 = load16(x + b * kBlock);
+    const __m512 v1 = load16(x + b * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float d = amax / 127.f;
+    const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+    block_scale[b] = d;
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+    const int64_t g = b / blocks_per_group;
+    group_sum[g] = (b % blocks_per_group ? group_sum[g] : 0.f) + sum;
+  }
+}
+
+// The 16-row interleaved layout (w4a8_vnni_rows16_mm). Within a tile of 16 weight rows, block
+// b of 32 k is 4 chunks of 64 bytes; byte 4j + i of chunk c holds row j's k = 8c + i (low
+// nibble) and k = 8c + 4 + i (high nibble). One vpdpbusd then multiplies 16 rows by 4 k with
+// the 4 activations broadcast: int32 lane j is row j, so a tile ends as 16 finished outputs
+// with no horizontal sum, and every weight byte is used by one instruction. The per-row
+// layouts above reduce each row across lanes and move scales between lanes per block pair.
+// Scales and offsets of a tile are [group][16 rows], so one widen gives the 16 rows' values.
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileBlockBytes = kTileRows * kBlock / 2;  // 256
+
+// bf16 x 16 -> fp32 lanes.
+EDGE_VNNI inline __m512 widen_bf16x16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// One tile (16 weight rows) against R activation rows; outputs to out[r * N + j].
+template <int R, typename T>
+EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+                           int64_t K, int64_t group_size, const QuantizedActivations& a,
+                           int64_t row0, T* out, int64_t N) {
+  const int64_t blocks = K / kBlock;
+  const int64_t groups = K / group_size;
+  const int64_t blocks_per_group = group_size / kBlock;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i zero = _mm512_setzero_si512();
+  const int32_t* q[R];
+  const float* qs[R];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = reinterpret_cast<const int32_t*>(a.q + (row0 + r) * K);
+    qs[r] = a.block_scale + (row0 + r) * blocks;
+    const float* gs = a.group_sum + (row0 + r) * groups;
+    acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {  // offset term: m_j,g * sum of x over group g
+      acc[r] = _mm512_fmadd_ps(widen_bf16x16(offset + g * kTileRows), _mm512_set1_ps(gs[g]), acc[r]);
+    }
+  }
+  __m512 wscale = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = w + b * kTileBlockBytes;
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(wb + c * 64);
+      lo[c] = _mm512_and_si512(v, low4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    if (b % blocks_per_group == 0) wscale = widen_bf16x16(scale + (b / blocks_per_group) * kTileRows);
+    for (int r = 0; r < R; ++r) {
+      const int32_t* x = q[r] + b * (kBlock / 4);  // 8 groups of 4 int8
+      // Two chains of four: one chain of eight waits on vpdpbusd's latency.
+      __m512i even = _mm512_dpbusd_epi32(zero, lo[0], _mm512_set1_epi32(x[0]));
+      __m512i odd = _mm512_dpbusd_epi32(zero, hi[0], _mm512_set1_epi32(x[1]));
+      for (int c = 1; c < 4; ++c) {
+        even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(x[2 * c]));
+        odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(x[2 * c + 1]));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wscale, _mm512_set1_ps(qs[r][b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[kTileRows];
+    _mm512_store_ps(lanes, acc[r]);
+    for (int64_t j = 0; j < kTileRows; ++j) out[r * N + j] = static_cast<T>(lanes[j]);
+  }
+}
+
+template <typename T>
+EDGE_VNNI void tile_rows16_for(int64_t rows, const uint8_t* w, const uint16_t* scale,
+                               const uint16_t* offset, int64_t K, int64_t group_size,
+                               const QuantizedActivations& a, int64_t row0, T* out, int64_t N) {
+  switch (rows) {
+    case 4: return tile_rows16<4>(w, scale, offset, K, group_size, a, row0, out, N);
+    case 3: return tile_rows16<3>(w, scale, offset, K, group_size, a, row0, out, N);
+    case 2: return tile_rows16<2>(w, scale, offset, K, group_size, a, row0, out, N);
+    default: return tile_rows16<1>(w, scale, offset, K, group_size, a, row0, out, N);
+  }
+}
+
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -351,8 +471,12 @@ bool cpu_has_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
+// Which op: the stored layout with maddubs (AVX2) or vpdpbusd, or the 16-row interleaved one.
+enum class Variant { kAvx2, kVnni, kVnniRows16 };
+
 at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                       const at::Tensor& offsets, int64_t group_size, bool vnni) {
+                       const at::Tensor& offsets, int64_t group_size, Variant variant) {
+  const bool vnni = variant == Variant::kVnni;
   TORCH_CHECK(x.dim() == 2, "w4a8_mm: x must be 2-D [M, K], got ", x.sizes());
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
               "w4a8_mm: qweight must be uint8 [N, K/2]");
@@ -361,6 +485,8 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
               "w4a8_mm: group size ", group_size, " is not a multiple of 32");
   TORCH_CHECK(K % group_size == 0, "w4a8_mm: group size ", group_size, " does not divide K=", K);
   TORCH_CHECK(qweight.size(1) * 2 == K, "w4a8_mm: qweight ", qweight.sizes(), " does not match K=", K);
+  TORCH_CHECK(variant != Variant::kVnniRows16 || N % kTileRows == 0,
+              "w4a8_mm: the 16-row layout needs N a multiple of 16, got N=", N);
   const int64_t groups = K / group_size;
   for (const auto* t : {&scales, &offsets}) {
     TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N &&
@@ -390,9 +516,30 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
-        quantize_row(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
+        if (variant == Variant::kVnniRows16) {
+          quantize_row_vnni(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
+        } else {
+          quantize_row(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
+        }
       }
     });
+    if (variant == Variant::kVnniRows16) {
+      scalar_t* outp = out.data_ptr<scalar_t>();
+      // A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all activation
+      // rows pass over them, kRowTile at a time.
+      at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const uint8_t* tw = wp + t * kTileRows * (K / 2);
+          const uint16_t* ts = sp + t * kTileRows * groups;
+          const uint16_t* to = op + t * kTileRows * groups;
+          for (int64_t m = 0; m < M; m += kRowTile) {
+            tile_rows16_for(std::min(kRowTile, M - m), tw, ts, to, K, group_size, a, m,
+                            outp + m * N + t * kTileRows, N);
+          }
+        }
+      });
+      return;
+    }
     scalar_t* outp = out.data_ptr<scalar_t>();
     // Weight rows in chunks that stay in L2 while every activation tile passes over them.
     at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
@@ -429,14 +576,23 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
 
 at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                    const at::Tensor& offsets, int64_t group_size) {
-  return w4a8_matmul(x, qweight, scales, offsets, group_size, /*vnni=*/false);
+  return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kAvx2);
 }
 
 at::Tensor w4a8_vnni_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                         const at::Tensor& offsets, int64_t group_size) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "w4a8_vnni_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni); use w4a8_mm");
-  return w4a8_matmul(x, qweight, scales, offsets, group_size, /*vnni=*/true);
+  return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kVnni);
+}
+
+// Weights, scales and offsets in the 16-row interleaved layout (see tile_rows16); the
+// kernel class makes it from the stored triple at load time.
+at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                               const at::Tensor& offsets, int64_t group_size) {
+  static const bool supported = cpu_has_vnni();
+  TORCH_CHECK(supported, "w4a8_vnni_rows16_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
+  return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kVnniRows16);
 }
 
 }  // namespace
@@ -444,9 +600,11 @@ at::Tensor w4a8_vnni_mm(const at::Tensor& x, const at::Tensor& qweight, const at
 TORCH_LIBRARY(edge_cpu_int4, m) {
   m.def("w4a8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_vnni_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+  m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_mm", &w4a8_mm);
   m.impl("w4a8_vnni_mm", &w4a8_vnni_mm);
+  m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
 }
