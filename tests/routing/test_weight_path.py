@@ -26,6 +26,27 @@ def test_decode_ranking_picks_the_kernel_and_prefill_is_reported_separately():
     assert "3.00x faster on dense" in d.prefill_note and "LAYOUTS=two" in d.prefill_note
 
 
+def spread(cpu_class, phase, path, median, low, high):
+    return Row(cpu_class, phase, path, "measured", median, low, high, "artifact.json")
+
+
+def test_decode_ties_within_the_spread_go_by_prefill():
+    # avx512_w4a8 has the best decode median, but rows16's range overlaps it: a tie that
+    # rows16's 2.7x faster prefill breaks. int4pack's best pass is slower than the
+    # fastest's worst: not tied, it stays behind.
+    rows = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 9.4, 12.4),
+            spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 9.5, 12.8),
+            spread("x86-amx", "decode", "int4pack", 16.0, 14.3, 16.0),
+            spread("x86-amx", "prefill", "avx512_w4a8_rows16", 854.0, 673.0, 1143.0),
+            spread("x86-amx", "prefill", "int4pack", 2195.0, 2074.0, 2444.0),
+            spread("x86-amx", "prefill", "avx512_w4a8", 2536.0, 2410.0, 3672.0))
+    assert decide("x86-amx", rows).decode_order == ("avx512_w4a8_rows16", "avx512_w4a8", "int4pack")
+    # Without the overlap the decode median decides, whatever prefill says.
+    apart = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 10.9, 11.3),
+             spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 11.8, 12.8)) + rows[2:]
+    assert decide("x86-amx", apart).decode_order == ("avx512_w4a8", "avx512_w4a8_rows16", "int4pack")
+
+
 def test_measured_rows_outrank_assumed_ones_and_unknown_classes_get_the_any_cpu_row():
     rows = (row("x86-amx", "decode", "amx_w4a8", None, "assumed"), row("x86-amx", "decode", "int4pack", 5.0),
             row("other", "decode", "dequant", None, "assumed"))

@@ -94,8 +94,8 @@ def kernel_checks() -> list[Check]:
 
     ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
                                                  float_zero=True)
-    vnni = ("runs here (opt-in: VLLM_OMNI_EDGE_INT4_KERNEL=avx512_w4a8 or avx512_w4a8_rows16)"
-            if ok else f"not here: {why}")
+    vnni = ("runs here (avx512_w4a8_rows16 where the router ranks it; "
+            "VLLM_OMNI_EDGE_INT4_KERNEL=avx512_w4a8 forces the per-row variant)" if ok else f"not here: {why}")
     return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8", True, vnni)]
 
 
