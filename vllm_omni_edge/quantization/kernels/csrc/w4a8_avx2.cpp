@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -156,15 +157,15 @@ void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, in
   for (int r = 0; r < R; ++r) out[r * N] = static_cast<T>(horizontal_sum(acc[r]) + offset_term[r]);
 }
 
-template <typename T>
-void dot_rows(int64_t rows, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
-              int64_t K, int64_t group_size, const QuantizedActivations& a, int64_t row0,
-              T* out, int64_t N) {
+// Calls f(std::integral_constant<int, R>{}) with R = rows (1..kRowTile): the kernels take the
+// activation-row count as a template parameter so their accumulators stay in registers.
+template <typename F>
+inline void with_row_count(int64_t rows, F&& f) {
   switch (rows) {
-    case 4: return dot_row<4>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 3: return dot_row<3>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 2: return dot_row<2>(w, scale, offset, K, group_size, a, row0, out, N);
-    default: return dot_row<1>(w, scale, offset, K, group_size, a, row0, out, N);
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    default: return f(std::integral_constant<int, 1>{});
   }
 }
 
@@ -332,17 +333,6 @@ EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint
   for (int c = 0; c < C; ++c) out[c] = static_cast<T>(horizontal_sum512(acc[c]) + tail[c]);
 }
 
-template <typename T>
-EDGE_VNNI void dot_rows_vnni(int64_t rows, const uint8_t* w, const uint16_t* scale,
-                             const uint16_t* offset, int64_t K, int64_t group_size,
-                             const QuantizedActivations& a, int64_t row0, T* out, int64_t N) {
-  switch (rows) {
-    case 4: return dot_row_vnni<4>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 3: return dot_row_vnni<3>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 2: return dot_row_vnni<2>(w, scale, offset, K, group_size, a, row0, out, N);
-    default: return dot_row_vnni<1>(w, scale, offset, K, group_size, a, row0, out, N);
-  }
-}
 
 // quantize_row in k order with AVX-512: 32 values per block as two fp32 vectors.
 EDGE_VNNI inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
@@ -452,17 +442,6 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
   }
 }
 
-template <typename T>
-EDGE_VNNI void tile_rows16_for(int64_t rows, const uint8_t* w, const uint16_t* scale,
-                               const uint16_t* offset, int64_t K, int64_t group_size,
-                               const QuantizedActivations& a, int64_t row0, T* out, int64_t N) {
-  switch (rows) {
-    case 4: return tile_rows16<4>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 3: return tile_rows16<3>(w, scale, offset, K, group_size, a, row0, out, N);
-    case 2: return tile_rows16<2>(w, scale, offset, K, group_size, a, row0, out, N);
-    default: return tile_rows16<1>(w, scale, offset, K, group_size, a, row0, out, N);
-  }
-}
 
 bool cpu_has_vnni() {
   __builtin_cpu_init();
@@ -533,8 +512,10 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
           const uint16_t* ts = sp + t * kTileRows * groups;
           const uint16_t* to = op + t * kTileRows * groups;
           for (int64_t m = 0; m < M; m += kRowTile) {
-            tile_rows16_for(std::min(kRowTile, M - m), tw, ts, to, K, group_size, a, m,
-                            outp + m * N + t * kTileRows, N);
+            with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+              tile_rows16<decltype(rows)::value>(tw, ts, to, K, group_size, a, m,
+                                                 outp + m * N + t * kTileRows, N);
+            });
           }
         }
       });
@@ -560,11 +541,15 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
               }
               n += cols - 1;
             } else if (vnni) {
-              dot_rows_vnni(rows, wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
-                            a, m, outp + m * N + n, N);
+              with_row_count(rows, [&](auto r) {
+                dot_row_vnni<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K,
+                                                 group_size, a, m, outp + m * N + n, N);
+              });
             } else {
-              dot_rows(rows, wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size, a, m,
-                       outp + m * N + n, N);
+              with_row_count(rows, [&](auto r) {
+                dot_row<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
+                                            a, m, outp + m * N + n, N);
+              });
             }
           }
         }
