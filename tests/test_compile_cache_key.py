@@ -35,6 +35,7 @@ def test_vllms_factors_come_first_and_ours_is_appended(monkeypatch):
     assert factors[:2] == ["env-hash", "config-hash"] and len(factors) == 3
     ours = json.loads(factors[2])
     assert ours == {"rope_cap": True, "embed_prepack": False, "int4_dense_prefill_copy": False,
+                    "fused_mlp": True, "attention_one_call": True,
                     "cpu_int4_kernels": {"fallback": 0, "linear:int4pack": 120}}
     assert compile_cache_key.last_factor == factors[2]
 
@@ -42,8 +43,10 @@ def test_vllms_factors_come_first_and_ours_is_appended(monkeypatch):
 def test_another_kernel_or_graph_lever_is_another_key(monkeypatch):
     tinygemm = keyed(monkeypatch, {"linear:int4pack": 120})
     assert keyed(monkeypatch, {"linear:avx512_w4a8": 120}) != tinygemm
+    # The attention flags decide whether the graph holds vLLM's separate KV update op.
     for flag, value in [("VLLM_OMNI_EDGE_INT4_LAYOUTS", "two"), ("VLLM_OMNI_EDGE_ROPE_CAP", "0"),
-                        ("VLLM_OMNI_EDGE_EMBED_PREPACK", "1")]:
+                        ("VLLM_OMNI_EDGE_EMBED_PREPACK", "1"), ("VLLM_OMNI_EDGE_FUSED_MLP", "0"),
+                        ("VLLM_OMNI_EDGE_ATTENTION_ONE_CALL", "0"), ("VLLM_OMNI_EDGE_ATTENTION_CALLS", "0")]:
         monkeypatch.setenv(flag, value)
         assert keyed(monkeypatch, {"linear:int4pack": 120}) != tinygemm, flag
         monkeypatch.delenv(flag)
@@ -53,7 +56,7 @@ def test_defaults_spelled_out_and_flags_outside_the_graph_keep_the_key(monkeypat
     tinygemm = keyed(monkeypatch, {"linear:int4pack": 120})
     # The harness sets a fresh evidence directory per pass: that must not force a compile.
     for flag, value in [("VLLM_OMNI_EDGE_EVIDENCE_DIR", "/tmp/pass-3"), ("VLLM_OMNI_EDGE_ROPE_CAP", "1"),
-                        ("VLLM_OMNI_EDGE_ATTENTION_CALLS", "0"), ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1")]:
+                        ("VLLM_OMNI_EDGE_HEAP_TRIM", "0"), ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1")]:
         monkeypatch.setenv(flag, value)
     assert keyed(monkeypatch, {"linear:int4pack": 120}) == tinygemm
 

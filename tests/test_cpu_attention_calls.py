@@ -136,3 +136,65 @@ def test_the_flag_keeps_vllms_calls(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_CALLS", "fast")
     with pytest.raises(LeverFlagError, match="VLLM_OMNI_EDGE_ATTENTION_CALLS"):
         patch.apply()
+
+
+@pytest.fixture(scope="module")
+def one_call(backend):
+    """(impl class, backend class) wrapped in one-call mode, on subclasses of vLLM's stock code."""
+    import inspect
+
+    class OneCall(backend.CPUAttentionBackendImpl):
+        forward = inspect.unwrap(backend.CPUAttentionBackendImpl.forward)
+        do_kv_cache_update = inspect.unwrap(backend.CPUAttentionBackendImpl.do_kv_cache_update)
+
+    class Backend(backend.CPUAttentionBackend):
+        forward_includes_kv_cache_update = False  # vLLM 0.30's value
+
+    module = types.SimpleNamespace(AttentionType=backend.AttentionType, CPUAttentionBackendImpl=OneCall,
+                                   CPUAttentionBackend=Backend)
+    patch._wrap(module, writes_kv=True)
+    patch._wrap(module, writes_kv=True)  # idempotent
+    return OneCall, Backend
+
+
+def test_one_call_declares_the_write_to_vllm(one_call):
+    _, backend_class = one_call
+    assert backend_class.forward_includes_kv_cache_update is True
+
+
+@pytest.mark.parametrize("padded_rows", [0, 3])
+def test_one_call_writes_and_attends_as_vllms_two_calls(stock_impl_class, one_call, padded_rows):
+    stock_cache, stock_out = _step(_impl(stock_impl_class), _layer(), *_batch(11, padded_rows))
+    kv_cache, query, key, value, slot_mapping, metadata = _batch(11, padded_rows)
+    # The runner builds an unpadded slot mapping when no backend updates the cache separately.
+    metadata.slot_mapping = slot_mapping[: metadata.num_actual_tokens]
+    before = kv_cache.clone()
+    output = torch.zeros(query.shape[0], HEADS, HEAD, dtype=torch.bfloat16)
+    impl = _impl(one_call[0])
+    assert impl.forward(_layer(), query, key, value, kv_cache, metadata, output=output) is output
+    assert not torch.equal(kv_cache, before)  # it wrote
+    assert torch.equal(kv_cache, stock_cache)
+    assert torch.equal(output, stock_out)
+
+
+def test_one_call_writes_nothing_for_a_shared_cache_or_no_keys(one_call):
+    kv_cache, query, key, value, slot_mapping, metadata = _batch(5)
+    metadata.slot_mapping = slot_mapping
+    before = kv_cache.clone()
+    output = torch.zeros(query.shape[0], HEADS, HEAD, dtype=torch.bfloat16)
+    sharing = _impl(one_call[0], kv_sharing_target_layer_name="model.layers.0.self_attn.attn")
+    sharing.forward(_layer(), query, key, value, kv_cache, metadata, output=output)
+    assert torch.equal(kv_cache, before)
+    _impl(one_call[0]).forward(_layer(), query, None, None, kv_cache, metadata, output=output)
+    assert torch.equal(kv_cache, before)
+
+
+def test_one_call_flag(monkeypatch):
+    from vllm_omni_edge.levers import attention_one_call_enabled
+
+    assert attention_one_call_enabled()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_ONE_CALL", "0")
+    assert not attention_one_call_enabled()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_ONE_CALL", "1")
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_CALLS", "0")  # one call needs the trimmed calls
+    assert not attention_one_call_enabled()

@@ -169,6 +169,10 @@ def collect_worker_evidence(worker) -> dict:
                                  and bool(compilation.inductor_compile_config.get("cpp_wrapper"))),
         "layer_names_are_strings": _layer_names_are_strings(),
         "attention_calls_trimmed": _attention_calls_trimmed(),
+        # KV write inside the attention call: one custom op per layer, not two.
+        "attention_one_call": _attention_one_call(),
+        # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
+        "fused_silu_mlps": _fused_silu_mlps(model),
         "compile_warmup_tokens": _compile_warmup_tokens(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
@@ -183,6 +187,18 @@ def _attention_calls_trimmed() -> bool:
     from vllm_omni_edge.patches.worker.cpu_attention_calls import in_force
 
     return in_force()
+
+
+def _attention_one_call() -> bool:
+    from vllm_omni_edge.patches.worker.cpu_attention_calls import one_call_in_force
+
+    return one_call_in_force()
+
+
+def _fused_silu_mlps(model) -> int:
+    from vllm_omni_edge.patches.worker.fused_silu_mlp import fused_mlp_count
+
+    return fused_mlp_count(model)
 
 
 def _layer_names_are_strings() -> bool:

@@ -21,6 +21,8 @@ inherit the front end's environment).
 | compiled model's wrapper: inductor's generated Python, or its C++ wrapper | VLLM_OMNI_EDGE_CPP_WRAPPER=0/1 | 0 | patches/frontend/inductor_cpp_wrapper.py |
 | CPU attention calls of a decoder layer: cache views kept, ops called directly; or vLLM's | VLLM_OMNI_EDGE_ATTENTION_CALLS=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
+| a decoder layer's KV write inside its attention call (one custom op, not two); or vLLM's separate update | VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1/0 | 1 | patches/worker/cpu_attention_calls.py |
+| gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -44,6 +46,8 @@ COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
 CPP_WRAPPER_ENV = "VLLM_OMNI_EDGE_CPP_WRAPPER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
+FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
+ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 
 
 class LeverFlagError(ValueError):
@@ -80,6 +84,15 @@ def cpp_wrapper_enabled() -> bool:
 
 def attention_calls_enabled() -> bool:
     return _choice(ATTENTION_CALLS_ENV, ("1", "0"), "1") == "1"
+
+
+def attention_one_call_enabled() -> bool:
+    """The KV write moves into the attention call; only with the trimmed calls (ATTENTION_CALLS=1)."""
+    return attention_calls_enabled() and _choice(ATTENTION_ONE_CALL_ENV, ("1", "0"), "1") == "1"
+
+
+def fused_mlp_enabled() -> bool:
+    return _choice(FUSED_MLP_ENV, ("1", "0"), "1") == "1"
 
 
 def embed_prepack_enabled() -> bool:

@@ -3,9 +3,10 @@
 What: wraps ``vllm.compilation.caching.aot_compile_hash_factors`` (vLLM's AOT compile
 cache key: its env vars, its config, the model) and appends one factor: the resolved
 value of each of our levers that changes what the graph holds (RoPE table size, the
-embedding's prepacked copy, the second int4 layout), the cpu_int4 kernel each kind of layer
-got here (``quantization.evidence.kernel_counts()``, known by then: the key is computed
-at the first forward, after the weights were processed). Our code itself needs no factor:
+embedding's prepacked copy, the second int4 layout, the fused MLP op, the KV write inside
+the attention call), the cpu_int4 kernel each kind of layer got here
+(``quantization.evidence.kernel_counts()``, known by then: the key is computed at the first
+forward, after the weights were processed). Our code itself needs no factor:
 vLLM checks the source files dynamo traced (our kernels' ``apply``) when it loads.
 Why: the compiled graph holds the parameters our kernels registered (tinygemm's
 ``scales_and_zeros``, W4A8's stored triple, a dense prefill copy...). vLLM's key does not
@@ -56,6 +57,8 @@ def edge_factor() -> str:
             "rope_cap": levers.rope_cap_enabled(),
             "embed_prepack": levers.embed_prepack_enabled(),
             "int4_dense_prefill_copy": levers.int4_dense_prefill_copy(),
+            "fused_mlp": levers.fused_mlp_enabled(),
+            "attention_one_call": levers.attention_one_call_enabled(),
             "cpu_int4_kernels": dict(sorted(kernel_counts().items())),
         },
         sort_keys=True,

@@ -8,6 +8,12 @@ through their resolved overload, not through ``vllm._custom_ops``' keyword wrapp
 the overload packet; ``query``/``output`` are sliced only when the batch was padded.
 Encoder attention, fused output quantization and warm-up (no metadata) go to vLLM's
 own code unchanged.
+One call (``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL``, default on): ``CPUAttentionBackend`` also
+declares ``forward_includes_kv_cache_update``, so vLLM's Attention layer traces one custom
+op per layer (``unified_attention_with_output``), not two, and ``forward`` writes the new
+keys and values (``attn_metadata.slot_mapping``, unpadded then) before attending: the same
+write, one Python custom op dispatch less per layer and step. Layers sharing another's KV
+cache and steps without keys write nothing, as vLLM's separate update did.
 Why: vLLM's compiled model calls these two Python custom ops once per layer per step (the
 graph cannot hold them); with inductor's C++ wrapper they are most of the Python left in a
 decode step. py-spy, SmolLM2-135M one process: the two paths took 15.7 % of a step, their
@@ -16,11 +22,13 @@ keyword wrapper 17.0 vs 13.5 us through the overload, a slice 2.6 us. Measured e
 end (``2026-12-01-cpp-wrapper-default``, 5 interleaved passes, one process, C++ wrapper):
 SmolLM2 decode 1.25x (1.19-1.37) with the trimmed calls, far more than these per-call
 costs add up to; the grid measures it, the profile does not explain all of it.
-Flag: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm).
+Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
+``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=0`` keeps the separate KV update op.
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
-idempotent); decode in ``grids/cpp-wrapper-default.yaml`` (A/B) and
-``grids/attention-calls-default.yaml``.
+idempotent; one call: same cache and output as vLLM's two calls, padded and not, and the
+backend's flag set); decode in ``grids/cpp-wrapper-default.yaml`` (A/B),
+``grids/attention-calls-default.yaml`` and ``grids/fused-mlp-default.yaml`` (one call).
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
 without the keyword wrappers (or the attention moves into the compiled graph).
 """
@@ -34,7 +42,8 @@ TARGET_MODULE = "vllm.v1.attention.backends.cpu_attn"
 
 RECORD = PatchRecord(
     name="cpu_attention_calls",
-    target=f"{TARGET_MODULE}.CPUAttentionBackendImpl.do_kv_cache_update / .forward",
+    target=f"{TARGET_MODULE}.CPUAttentionBackendImpl.do_kv_cache_update / .forward, "
+    "CPUAttentionBackend.forward_includes_kv_cache_update",
     process=Process.WORKER,
     why="Per layer and step, vLLM's CPU attention remakes its KV cache views and calls its ops "
     "through keyword wrappers: with the C++ wrapper that Python is most of what remains of a "
@@ -77,10 +86,11 @@ def _make_kv_update(encoder_types):
     return make
 
 
-def _make_forward(encoder_types):
+def _make_forward(encoder_types, writes_kv: bool):
     import torch
 
     attention = torch.ops._C.cpu_attention_with_kv_cache.default
+    reshape_and_cache = torch.ops._C.cpu_attn_reshape_and_cache.default
 
     def make(original):
         def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
@@ -91,6 +101,14 @@ def _make_forward(encoder_types):
                                 output_scale, output_block_scale)
             tokens = attn_metadata.num_actual_tokens
             key_cache, value_cache = kv_cache_views(layer, kv_cache)
+            if writes_kv and key is not None and value is not None and self.kv_sharing_target_layer_name is None:
+                # What vLLM's separate unified_kv_cache_update did; the slot mapping is unpadded here.
+                slots = attn_metadata.slot_mapping
+                rows = slots.shape[0]
+                reshape_and_cache(key if key.shape[0] == rows else key[:rows],
+                                  value if value.shape[0] == rows else value[:rows],
+                                  key_cache, value_cache, slots, layer.isa,
+                                  layer._k_scale_float, layer._v_scale_float, self.kv_cache_dtype)
             attention(
                 query if query.shape[0] == tokens else query[:tokens],
                 key_cache, value_cache,
@@ -115,17 +133,30 @@ def in_force() -> bool:
     return module is not None and getattr(module.CPUAttentionBackendImpl.forward, "__edge_wrapped__", False)
 
 
-def _wrap(module) -> None:
+def one_call_in_force() -> bool:
+    """Whether each decoder layer's KV write happens inside its attention call (one op, not two)."""
+    import sys
+
+    module = sys.modules.get(TARGET_MODULE)
+    return in_force() and module is not None and module.CPUAttentionBackend.forward_includes_kv_cache_update
+
+
+def _wrap(module, writes_kv: bool = False) -> None:
     encoder_types = (module.AttentionType.ENCODER_ONLY, module.AttentionType.ENCODER)
     impl = module.CPUAttentionBackendImpl
     wrap_method_once(impl, "do_kv_cache_update", _make_kv_update(encoder_types))
-    wrap_method_once(impl, "forward", _make_forward(encoder_types))
+    if wrap_method_once(impl, "forward", _make_forward(encoder_types, writes_kv)) and writes_kv:
+        # Read by vLLM's Attention.forward when dynamo traces it: no unified_kv_cache_update
+        # op in the graph; and by the model runner: slot mappings unpadded.
+        module.CPUAttentionBackend.forward_includes_kv_cache_update = True
 
 
 def apply() -> str:
-    from vllm_omni_edge.levers import attention_calls_enabled
+    from vllm_omni_edge.levers import attention_calls_enabled, attention_one_call_enabled
 
     if not attention_calls_enabled():
         return "vLLM's CPU attention calls kept (flag)"
-    now = when_imported(TARGET_MODULE, _wrap)
-    return "CPU attention calls trimmed" + ("" if now else " (on import)")
+    writes_kv = attention_one_call_enabled()
+    now = when_imported(TARGET_MODULE, lambda module: _wrap(module, writes_kv))
+    return ("CPU attention calls trimmed" + (", KV written in the attention call" if writes_kv else "")
+            + ("" if now else " (on import)"))

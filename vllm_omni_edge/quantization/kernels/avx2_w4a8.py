@@ -147,3 +147,17 @@ class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
     @staticmethod
     def op():
         return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm
+
+
+def silu_mlp(gate_up: torch.nn.Module, down: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate) * up)`` in one op (``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp``).
+
+    ``gate_up`` is a merged [gate; up] linear and ``down`` the projection back, both on
+    ``avx512_w4a8_rows16`` with no bias: the same products and roundings as their two calls
+    and vLLM's SiluAndMul between them, in one dispatch.
+    """
+    x2 = as_2d(x, gate_up.int4_in_features)
+    out = torch.ops.edge_cpu_int4.w4a8_vnni_rows16_silu_mlp(
+        x2, gate_up.qweight, gate_up.scales, gate_up.zeros, gate_up.int4_group_size,
+        down.qweight, down.scales, down.zeros, down.int4_group_size)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

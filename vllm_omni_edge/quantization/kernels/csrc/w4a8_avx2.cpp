@@ -443,11 +443,108 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
 }
 
 
+// All tiles of a 16-row interleaved weight [N, K/2] against the M quantized activation rows;
+// out is [M, N]. A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all
+// activation rows pass over them, kRowTile at a time.
+template <typename T>
+EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const uint16_t* scale,
+                            const uint16_t* offset, int64_t K, int64_t N, int64_t group_size, T* out) {
+  const int64_t groups = K / group_size;
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tw = w + t * kTileRows * (K / 2);
+      const uint16_t* ts = scale + t * kTileRows * groups;
+      const uint16_t* to = offset + t * kTileRows * groups;
+      for (int64_t m = 0; m < M; m += kRowTile) {
+        with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+          tile_rows16<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, out + m * N + t * kTileRows, N);
+        });
+      }
+    }
+  });
+}
+
+// e^x for 16 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its degree-6
+// Taylor polynomial (relative error < 2e-7, below bf16's 4e-3 rounding of the result).
+EDGE_VNNI inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-88.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));  // f ln 2
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// h = silu(gate) * up per element, in fp32, rounded to T: what vLLM's SiluAndMul computes
+// from the same T inputs.
+template <typename T>
+EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
+  alignas(64) float lanes[16];
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 g = load16(gate + i);
+    const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_store_ps(lanes, _mm512_mul_ps(_mm512_mul_ps(g, sig), load16(up + i)));
+    for (int j = 0; j < 16; ++j) h[i + j] = static_cast<T>(lanes[j]);
+  }
+}
+
+
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vnni");
+}
+
+// An activation's int8 rows, block scales and group sums, in one uninitialised allocation:
+// every element is written by the quantization before it is read.
+struct ActivationBuffer {
+  at::Tensor storage;
+  int8_t* q;
+  float* block_scale;
+  float* group_sum;
+
+  ActivationBuffer(int64_t M, int64_t K, int64_t group_size, const at::TensorOptions& options) {
+    const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+    const int64_t q_bytes = aligned(M * K), scale_bytes = aligned(M * (K / kBlock) * 4);
+    storage = at::empty({q_bytes + scale_bytes + M * (K / group_size) * 4}, options.dtype(at::kByte));
+    uint8_t* base = storage.data_ptr<uint8_t>();
+    q = reinterpret_cast<int8_t*>(base);
+    block_scale = reinterpret_cast<float*>(base + q_bytes);
+    group_sum = reinterpret_cast<float*>(base + q_bytes + scale_bytes);
+  }
+  QuantizedActivations activations() const { return {q, block_scale, group_sum}; }
+};
+
+// Rows of x [M, K] into the buffer in k order (the 16-row layout's activations).
+template <typename T>
+EDGE_VNNI void quantize_rows_vnni(const T* x, int64_t M, int64_t K, int64_t group_size, const ActivationBuffer& buffer) {
+  const int64_t groups = K / group_size;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row_vnni(x + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
+                        buffer.group_sum + m * groups);
+    }
+  });
+}
+
+// The stored triple of one linear, for an input of K features (rows16: N a multiple of 16).
+void check_weight(const char* op, const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
+                  int64_t K, int64_t group_size, bool rows16) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte, op, ": qweight must be uint8 [N, K/2]");
+  const int64_t N = qweight.size(0);
+  TORCH_CHECK(group_size > 0 && group_size % kBlock == 0, op, ": group size ", group_size,
+              " is not a multiple of 32");
+  TORCH_CHECK(K % group_size == 0, op, ": group size ", group_size, " does not divide K=", K);
+  TORCH_CHECK(qweight.size(1) * 2 == K, op, ": qweight ", qweight.sizes(), " does not match K=", K);
+  TORCH_CHECK(!rows16 || N % kTileRows == 0, op, ": the 16-row layout needs N a multiple of 16, got N=", N);
+  const int64_t groups = K / group_size;
+  for (const auto* t : {&scales, &offsets}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N && t->size(1) == groups,
+                op, ": scales and offsets must be bf16 [", N, ", ", groups, "], got ", t->scalar_type(), " ",
+                t->sizes());
+  }
 }
 
 // Which op: the stored layout with maddubs (AVX2) or vpdpbusd, or the 16-row interleaved one.
@@ -457,35 +554,16 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
                        const at::Tensor& offsets, int64_t group_size, Variant variant) {
   const bool vnni = variant == Variant::kVnni;
   TORCH_CHECK(x.dim() == 2, "w4a8_mm: x must be 2-D [M, K], got ", x.sizes());
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
-              "w4a8_mm: qweight must be uint8 [N, K/2]");
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  TORCH_CHECK(group_size > 0 && group_size % kBlock == 0,
-              "w4a8_mm: group size ", group_size, " is not a multiple of 32");
-  TORCH_CHECK(K % group_size == 0, "w4a8_mm: group size ", group_size, " does not divide K=", K);
-  TORCH_CHECK(qweight.size(1) * 2 == K, "w4a8_mm: qweight ", qweight.sizes(), " does not match K=", K);
-  TORCH_CHECK(variant != Variant::kVnniRows16 || N % kTileRows == 0,
-              "w4a8_mm: the 16-row layout needs N a multiple of 16, got N=", N);
+  check_weight("w4a8_mm", qweight, scales, offsets, K, group_size, variant == Variant::kVnniRows16);
   const int64_t groups = K / group_size;
-  for (const auto* t : {&scales, &offsets}) {
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N &&
-                    t->size(1) == groups,
-                "w4a8_mm: scales and offsets must be bf16 [", N, ", ", groups, "], got ",
-                t->scalar_type(), " ", t->sizes());
-  }
   const at::Tensor xc = x.contiguous();
   const at::Tensor w = qweight.contiguous();
   const at::Tensor s = scales.contiguous();
   const at::Tensor o = offsets.contiguous();
 
-  // Uninitialised scratch: every element is written by quantize_row before it is read.
-  const at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
-  const at::Tensor block_scale = at::empty({M, K / kBlock}, x.options().dtype(at::kFloat));
-  const at::Tensor group_sum = at::empty({M, groups}, x.options().dtype(at::kFloat));
-  int8_t* qp = q.data_ptr<int8_t>();
-  float* bsp = block_scale.data_ptr<float>();
-  float* gsp = group_sum.data_ptr<float>();
-  const QuantizedActivations a{qp, bsp, gsp};
+  const ActivationBuffer buffer(M, K, group_size, x.options());
+  const QuantizedActivations a = buffer.activations();
 
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
@@ -493,32 +571,18 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
   const uint16_t* op = reinterpret_cast<const uint16_t*>(o.data_ptr<at::BFloat16>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_mm", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        if (variant == Variant::kVnniRows16) {
-          quantize_row_vnni(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
-        } else {
-          quantize_row(xp + m * K, K, group_size, qp + m * K, bsp + m * (K / kBlock), gsp + m * groups);
-        }
-      }
-    });
     if (variant == Variant::kVnniRows16) {
-      scalar_t* outp = out.data_ptr<scalar_t>();
-      // A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all activation
-      // rows pass over them, kRowTile at a time.
-      at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-          const uint8_t* tw = wp + t * kTileRows * (K / 2);
-          const uint16_t* ts = sp + t * kTileRows * groups;
-          const uint16_t* to = op + t * kTileRows * groups;
-          for (int64_t m = 0; m < M; m += kRowTile) {
-            with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-              tile_rows16<decltype(rows)::value>(tw, ts, to, K, group_size, a, m,
-                                                 outp + m * N + t * kTileRows, N);
-            });
-          }
+      quantize_rows_vnni(xp, M, K, group_size, buffer);
+    } else {
+      at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) {
+          quantize_row(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
+                       buffer.group_sum + m * groups);
         }
       });
+    }
+    if (variant == Variant::kVnniRows16) {
+      rows16_tiles(a, M, wp, sp, op, K, N, group_size, out.data_ptr<scalar_t>());
       return;
     }
     scalar_t* outp = out.data_ptr<scalar_t>();
@@ -580,16 +644,67 @@ at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, c
   return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kVnniRows16);
 }
 
+// A gated SiLU MLP in one call: down(silu(gate) * up) with gate/up one merged linear
+// [2I, H/2] (gate rows first, as vLLM's MergedColumnParallelLinear holds them) and down
+// [N, I/2], both in the 16-row layout. The same products and roundings as the three calls
+// it replaces (gate_up, SiluAndMul, down), without two op dispatches, the intermediate
+// tensors and an inductor kernel per layer: at decode those fixed costs are about as large
+// as the small model's matrix work.
+at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate_up_qweight,
+                                     const at::Tensor& gate_up_scales, const at::Tensor& gate_up_offsets,
+                                     int64_t gate_up_group_size, const at::Tensor& down_qweight,
+                                     const at::Tensor& down_scales, const at::Tensor& down_offsets,
+                                     int64_t down_group_size) {
+  static const bool supported = cpu_has_vnni();
+  TORCH_CHECK(supported, "w4a8_vnni_rows16_silu_mlp: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
+  TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_silu_mlp: x must be 2-D [M, H], got ", x.sizes());
+  const int64_t M = x.size(0), H = x.size(1);
+  check_weight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, gate_up_scales, gate_up_offsets, H,
+               gate_up_group_size, true);
+  TORCH_CHECK(gate_up_qweight.size(0) % 2 == 0, "w4a8_vnni_rows16_silu_mlp: gate_up has an odd row count");
+  const int64_t I = gate_up_qweight.size(0) / 2;
+  check_weight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, down_scales, down_offsets, I, down_group_size,
+               true);
+  const int64_t N = down_qweight.size(0);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
+  const at::Tensor gs = gate_up_scales.contiguous(), go = gate_up_offsets.contiguous();
+  const at::Tensor ds = down_scales.contiguous(), dz = down_offsets.contiguous();
+  const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
+  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
+  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
+  const at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
+  const at::Tensor h = at::empty({M, I}, x.options());
+  at::Tensor out = at::empty({M, N}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_silu_mlp", [&] {
+    scalar_t* gu = gate_up.data_ptr<scalar_t>();
+    scalar_t* hp = h.data_ptr<scalar_t>();
+    quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
+    rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bits(gs), bits(go), H, 2 * I, gate_up_group_size, gu);
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+    });
+    quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
+    rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bits(ds), bits(dz), I, N, down_group_size,
+                 out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(edge_cpu_int4, m) {
   m.def("w4a8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_vnni_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+  m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
+        "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
+        "Tensor down_offsets, int down_group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_mm", &w4a8_mm);
   m.impl("w4a8_vnni_mm", &w4a8_vnni_mm);
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
+  m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
 }
