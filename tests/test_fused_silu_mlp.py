@@ -180,7 +180,15 @@ def test_count_for_evidence(silu_and_mul):
     mlp = llama.LlamaMLP.__new__(llama.LlamaMLP)
     torch.nn.Module.__init__(mlp)
     mlp.gate_up_proj, mlp.down_proj, mlp.act_fn = gate_up, down, silu_and_mul
-    model = torch.nn.Sequential(mlp, _Mlp(gate_up, down, silu_and_mul))  # the second is no LlamaMLP
+    class OwnForward(llama.LlamaMLP):
+        def forward(self, x):
+            return x
+
+    other = OwnForward.__new__(OwnForward)
+    torch.nn.Module.__init__(other)
+    other.gate_up_proj, other.down_proj, other.act_fn = gate_up, down, silu_and_mul
+    # Neither a module of another class nor a LlamaMLP subclass with its own forward runs ours.
+    model = torch.nn.Sequential(mlp, _Mlp(gate_up, down, silu_and_mul), other)
     assert patch.fused_mlp_count(model) == 1
     mlp.act_fn = torch.nn.GELU()
     assert patch.fused_mlp_count(model) == 0

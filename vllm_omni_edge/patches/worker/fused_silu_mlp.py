@@ -93,7 +93,11 @@ def fused_mlp_count(model) -> int:
         getattr(sys.modules[name], cls) for name, cls in TARGETS.items()
         if name in sys.modules and getattr(getattr(sys.modules[name], cls).forward, "__edge_wrapped__", False)
     )
-    return sum(1 for m in model.modules() if isinstance(m, classes) and fusable(m)) if classes else 0
+    # A subclass with its own forward does not run ours.
+    return sum(
+        1 for m in model.modules()
+        if isinstance(m, classes) and getattr(type(m).forward, "__edge_wrapped__", False) and fusable(m)
+    ) if classes else 0
 
 
 def _wrapper_for(cls_name: str):
