@@ -89,15 +89,12 @@ def fused_mlp_count(model) -> int:
     """MLPs of ``model`` that run the fused op in this process (evidence)."""
     import sys
 
-    classes = tuple(
-        getattr(sys.modules[name], cls) for name, cls in TARGETS.items()
-        if name in sys.modules and getattr(getattr(sys.modules[name], cls).forward, "__edge_wrapped__", False)
-    )
-    # A subclass with its own forward does not run ours.
+    classes = tuple(getattr(sys.modules[name], cls) for name, cls in TARGETS.items() if name in sys.modules)
+    # Only our wrapped forward fuses: not an unwrapped class, nor a subclass with its own forward.
     return sum(
         1 for m in model.modules()
         if isinstance(m, classes) and getattr(type(m).forward, "__edge_wrapped__", False) and fusable(m)
-    ) if classes else 0
+    )
 
 
 def _wrapper_for(cls_name: str):

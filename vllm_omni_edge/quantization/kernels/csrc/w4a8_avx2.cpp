@@ -333,7 +333,6 @@ EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint
   for (int c = 0; c < C; ++c) out[c] = static_cast<T>(horizontal_sum512(acc[c]) + tail[c]);
 }
 
-
 // quantize_row in k order with AVX-512: 32 values per block as two fp32 vectors.
 EDGE_VNNI inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 EDGE_VNNI inline __m512 load16(const double* x) {
@@ -442,7 +441,6 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
   }
 }
 
-
 // All tiles of a 16-row interleaved weight [N, K/2] against the M quantized activation rows;
 // out is [M, N]. A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all
 // activation rows pass over them, kRowTile at a time.
@@ -489,7 +487,6 @@ EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
   }
 }
 
-
 bool cpu_has_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -527,6 +524,11 @@ EDGE_VNNI void quantize_rows_vnni(const T* x, int64_t M, int64_t K, int64_t grou
                         buffer.group_sum + m * groups);
     }
   });
+}
+
+// A contiguous bf16 tensor's elements as raw bits (scales and offsets are widened by shifts).
+inline const uint16_t* bf16_bits(const at::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
 }
 
 // The stored triple of one linear, for an input of K features (rows16: N a multiple of 16).
@@ -567,24 +569,21 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
 
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(s.data_ptr<at::BFloat16>());
-  const uint16_t* op = reinterpret_cast<const uint16_t*>(o.data_ptr<at::BFloat16>());
+  const uint16_t* sp = bf16_bits(s);
+  const uint16_t* op = bf16_bits(o);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_mm", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     if (variant == Variant::kVnniRows16) {
       quantize_rows_vnni(xp, M, K, group_size, buffer);
-    } else {
-      at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t m = begin; m < end; ++m) {
-          quantize_row(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
-                       buffer.group_sum + m * groups);
-        }
-      });
-    }
-    if (variant == Variant::kVnniRows16) {
       rows16_tiles(a, M, wp, sp, op, K, N, group_size, out.data_ptr<scalar_t>());
       return;
     }
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        quantize_row(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
+                     buffer.group_sum + m * groups);
+      }
+    });
     scalar_t* outp = out.data_ptr<scalar_t>();
     // Weight rows in chunks that stay in L2 while every activation tile passes over them.
     at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
@@ -670,7 +669,6 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
   const at::Tensor gs = gate_up_scales.contiguous(), go = gate_up_offsets.contiguous();
   const at::Tensor ds = down_scales.contiguous(), dz = down_offsets.contiguous();
-  const auto bits = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
   const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
   const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
   const at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
@@ -680,12 +678,12 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
     scalar_t* gu = gate_up.data_ptr<scalar_t>();
     scalar_t* hp = h.data_ptr<scalar_t>();
     quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
-    rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bits(gs), bits(go), H, 2 * I, gate_up_group_size, gu);
+    rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gu);
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
     });
     quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
-    rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bits(ds), bits(dz), I, N, down_group_size,
+    rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size,
                  out.data_ptr<scalar_t>());
   });
   return out;
