@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from vllm_omni_edge.atomic import atomic_write_bytes
+from vllm_omni_edge.levers import startup_gc
 from vllm_omni_edge.log import get_logger
 
 EVIDENCE_ENV = "VLLM_OMNI_EDGE_EVIDENCE_DIR"
@@ -57,6 +58,7 @@ def write_process_record() -> Path | None:
             "patch_details": {name: o.detail for name, o in outcomes().items()},
             "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_", "GOMP_"))},
             "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
+            "startup_gc": startup_gc.record(),
         },
     )
 
@@ -174,6 +176,8 @@ def collect_worker_evidence(worker) -> dict:
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
         "fused_silu_mlps": _fused_silu_mlps(model),
         "compile_warmup_tokens": _compile_warmup_tokens(),
+        # Automatic collection paused in this process while the server starts (levers/startup_gc.py).
+        "startup_gc": startup_gc.record(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.

@@ -25,6 +25,7 @@ from tests.e2e.streaming import stream_in_background
 from tests.e2e.test_server import SERVER_ARGS, start_server
 from vllm_omni_edge.cli.demo import SERVED_NAME, ServerProcess, ask_streaming, free_port
 from vllm_omni_edge.cpu_features import usable_cores
+from vllm_omni_edge.levers import startup_gc
 from vllm_omni_edge.patches.frontend import reserved_cores
 from vllm_omni_edge.models.default_model import SMOKE_QUESTION
 
@@ -80,6 +81,19 @@ def test_the_model_runs_in_the_api_server_process(server):
     reserved = reserved_cores.default_reserved_cores(usable_cores()) or 0
     assert worker["torch_threads"] == usable_cores() - reserved
     assert "the engine core and the model run in the API-server process" in server.log_tail(10_000)
+
+
+def test_collection_was_paused_for_the_start_and_is_on_when_serving(server):
+    # levers/startup_gc.py: paused by the CLI, one collect-and-freeze before the model
+    # load, on again after the server's own freeze_gc_heap.
+    [worker] = evidence(server, "worker")
+    assert worker["startup_gc"]["paused_now"] is True and worker["startup_gc"]["frozen_before_load"] > 0
+    [process] = evidence(server, "process")
+    assert process["patches"]["startup_gc"] == "applied"
+    record = process["startup_gc"]
+    assert record["paused"] and not record["paused_now"]
+    assert record["resumed_by"] == startup_gc.RESUMED_SERVER_READY
+    assert record["frozen_objects"] >= worker["startup_gc"]["frozen_before_load"]
 
 
 def test_streamed_chat_answers(server):

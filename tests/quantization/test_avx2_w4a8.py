@@ -149,6 +149,36 @@ def test_rows16_replaces_the_stored_layout_with_one_of_the_same_bytes():
     assert layer.scales.reshape(-1)[1 * 16 * 2 + 1 * 16 + 5] == scales[21, 1]
 
 
+def interleave_by_permute(qweight: torch.Tensor) -> torch.Tensor:
+    """The 16-row layout as the tensor permutation it is (the C++ op's reference)."""
+    N, half_k = qweight.shape
+    q = int4.unpack_nibbles(qweight)
+    # k = 32 b + 8 c + 4 h + i  ->  [tile, j, b, c, h, i]  ->  [tile, b, c, j, i, h]
+    q = q.reshape(N // 16, 16, half_k // 16, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    return (q[..., 0] | (q[..., 1] << 4)).contiguous().reshape(N, half_k)
+
+
+@needs_op
+@pytest.mark.parametrize("N,K", [(16, 32), (32, 64), (48, 576), (64, 1536)])
+def test_interleave_op_is_the_permutation_of_the_16_row_layout(N, K):
+    qweight = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(N + K))
+    assert torch.equal(torch.ops.edge_cpu_int4.interleave_rows16(qweight), interleave_by_permute(qweight))
+    # A non-contiguous input is read as its values.
+    wide = torch.cat([qweight, qweight], dim=1)[:, : K // 2]
+    assert torch.equal(torch.ops.edge_cpu_int4.interleave_rows16(wide), interleave_by_permute(qweight))
+
+
+@needs_op
+def test_interleave_op_refuses_bad_shapes_by_name():
+    op = torch.ops.edge_cpu_int4.interleave_rows16
+    with pytest.raises(RuntimeError, match="N must be a multiple of 16, got N=24"):
+        op(torch.zeros(24, 16, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="K must be a multiple of 32, got K=48"):
+        op(torch.zeros(16, 24, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="must be uint8"):
+        op(torch.zeros(16, 16, dtype=torch.int32))
+
+
 @needs_op
 @pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
 def test_op_rejects_bad_shapes_by_name(kernel_cls):

@@ -94,7 +94,7 @@ class ServerProcess:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
                     return time.monotonic() - start
-            time.sleep(0.5)
+            time.sleep(0.1)  # the wait is a measured start-up time: poll finely
         raise TimeoutError(f"server not ready after {timeout_s:.0f} s; log: {self.log_path}")
 
     def log_tail(self, lines: int = 30) -> str:

@@ -19,6 +19,8 @@ import socket
 import sys
 from pathlib import Path
 
+from vllm_omni_edge.cli.vllm_entry import asks_for_help
+
 VLLM_DEFAULT_PORT = 8000
 REQUEST_GUARD = "vllm_omni_edge.cli.request_guard.RequestGuard"
 SINGLE_PROCESS_FLAG = "--single-process"
@@ -148,16 +150,12 @@ def edge_serve_argv(args: list[str]) -> list[str]:
         from vllm_omni_edge.models.default_model import pull_default_model
 
         args.insert(0, str(pull_default_model()))
-    elif not _asks_for_help(args):
+    elif not asks_for_help(args):
         check_local_model(model)
     if not _has_option(args, "--host"):
         args += ["--host", "127.0.0.1"]
     args += ["--middleware", REQUEST_GUARD]
     return ["vllm", "serve", *args]
-
-
-def _asks_for_help(args: list[str]) -> bool:
-    return any(a in ("-h", "--help") or a.startswith("--help=") for a in args)
 
 
 def take_single_process_flag(args: list[str]) -> tuple[list[str], bool]:
@@ -191,10 +189,12 @@ def _select_plugins(model: str | None) -> None:
 
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main
+    from vllm_omni_edge.levers import startup_gc
 
     args, single_process = take_single_process_flag(args)
-    argv = edge_serve_argv(args)
-    if not _asks_for_help(args):
+    argv = edge_serve_argv(args)  # may build the default model: not paused for that
+    if not asks_for_help(args):
+        startup_gc.pause()  # before the first heavy import (plugin selection's transformers)
         _select_process_layout(single_process)
         _check_request_limit()
         _check_listen_address(argv[2:])

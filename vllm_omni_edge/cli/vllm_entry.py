@@ -11,11 +11,16 @@ import sys
 
 
 def main() -> int | None:
+    from vllm_omni_edge.levers import startup_gc
     from vllm_omni_edge.patches import apply_cli_patches
     from vllm_omni_edge.patches.early import install_interpreter_hooks
+    from vllm_omni_edge.patches.frontend.startup_gc import resume_unless_in_force
 
+    if starts_a_server(sys.argv[1:]):
+        startup_gc.pause()
     install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
+    resume_unless_in_force()  # nothing would turn collection back on
     from vllm.entrypoints.cli.main import main as vllm_main
 
     code = vllm_main()
@@ -26,6 +31,15 @@ def main() -> int | None:
               f"{ENGINE_DEATH_EXIT_CODE} so a supervisor can restart the server", file=sys.stderr)
         return ENGINE_DEATH_EXIT_CODE
     return code
+
+
+def asks_for_help(args: list[str]) -> bool:
+    return any(a in ("-h", "--help") or a.startswith("--help=") for a in args)
+
+
+def starts_a_server(args: list[str]) -> bool:
+    """``vllm serve ...``, not its help: the start the startup_gc lever is for."""
+    return args[:1] == ["serve"] and not asks_for_help(args)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ inherit the front end's environment).
 | RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 | a decoder layer's KV write inside its attention call (one custom op, not two); or vLLM's separate update | VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
+| automatic garbage collection paused while `serve` starts, one collection at the end; or on throughout | VLLM_OMNI_EDGE_STARTUP_GC=1/0 | 1 | levers/startup_gc.py, patches/frontend/startup_gc.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -48,6 +49,7 @@ CPP_WRAPPER_ENV = "VLLM_OMNI_EDGE_CPP_WRAPPER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
+STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 
 
 class LeverFlagError(ValueError):
@@ -93,6 +95,10 @@ def attention_one_call_enabled() -> bool:
 
 def fused_mlp_enabled() -> bool:
     return _choice(FUSED_MLP_ENV, ("1", "0"), "1") == "1"
+
+
+def startup_gc_enabled() -> bool:
+    return _choice(STARTUP_GC_ENV, ("1", "0"), "1") == "1"
 
 
 def embed_prepack_enabled() -> bool:

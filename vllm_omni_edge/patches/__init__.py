@@ -21,6 +21,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.compile_cache_load",
     "vllm_omni_edge.patches.worker.compile_cache_key",
+    "vllm_omni_edge.patches.worker.compile_key_prefetch",
     "vllm_omni_edge.patches.worker.compile_warmup_tokens",
     "vllm_omni_edge.patches.worker.cpu_random_sample",
     "vllm_omni_edge.patches.worker.cpu_attention_calls",
@@ -49,6 +50,7 @@ CLI_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.common.torchvision_native_ops",
     "vllm_omni_edge.patches.frontend.api_key_all_routes",
     "vllm_omni_edge.patches.frontend.engine_death_exit",
+    "vllm_omni_edge.patches.frontend.startup_gc",
 )
 
 ALL_PATCHES: tuple[str, ...] = tuple(dict.fromkeys(PLUGIN_PATCHES + CLI_PATCHES))

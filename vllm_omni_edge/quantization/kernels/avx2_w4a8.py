@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge.cpu_features import cpu_flags
-from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import native
 from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
@@ -101,15 +100,11 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
     """The stored triple in ``w4a8_vnni_rows16_mm``'s layout, same shapes and bytes.
 
     Per tile of 16 rows and block of 32 k: 4 chunks of 64 bytes; byte 4j + i of chunk c
-    holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble). Scales and
-    offsets become [tile][group][16 rows].
+    holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble) (the C++ op
+    ``interleave_rows16``). Scales and offsets become [tile][group][16 rows].
     """
-    N, half_k = qweight.shape
-    K = half_k * 2
-    q = int4.unpack_nibbles(qweight)  # [N, K], values 0..15
-    # k = 32 b + 8 c + 4 h + i  ->  [tile, j, b, c, h, i]  ->  [tile, b, c, j, i, h]
-    q = q.reshape(N // TILE_ROWS, TILE_ROWS, K // 32, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    packed = (q[..., 0] | (q[..., 1] << 4)).contiguous().reshape(N, half_k)
+    N = qweight.shape[0]
+    packed = torch.ops.edge_cpu_int4.interleave_rows16(qweight)
 
     def by_tile(t: torch.Tensor) -> torch.Tensor:
         groups = t.shape[1]

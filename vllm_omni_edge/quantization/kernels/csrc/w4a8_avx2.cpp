@@ -689,6 +689,48 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   return out;
 }
 
+// The stored qweight [N, K/2] in the 16-row layout tile_rows16 reads, same shape and bytes:
+// per tile of 16 rows and block b of 32 k, 4 chunks c of 64 bytes; byte 4j + i of chunk c
+// holds row j's k = 32b + 8c + i (low nibble) and k = 32b + 8c + 4 + i (high nibble).
+// So stored word w = 4b + c of row j (k = 32b + 8c .. + 7, nibbles in k order) becomes word
+// j of chunk c of block b with its nibbles perfect-shuffled: [k0 k4 k1 k5 k2 k6 k3 k7].
+// Done once per linear at load; as torch ops (unpack, a 6-D permute, repack) it took
+// 7 s of a Qwen2.5-1.5B start on one core.
+inline uint32_t shuffle_nibbles(uint32_t x) {
+  uint32_t t = (x ^ (x >> 8)) & 0x0000FF00u;  // [a0 a1 a2 a3 b0 b1 b2 b3] -> [a0 a1 b0 b1 a2 a3 b2 b3]
+  x ^= t ^ (t << 8);
+  t = (x ^ (x >> 4)) & 0x00F000F0u;  // -> [a0 b0 a1 b1 a2 b2 a3 b3]
+  return x ^ t ^ (t << 4);
+}
+
+at::Tensor interleave_rows16(const at::Tensor& qweight) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
+              "interleave_rows16: qweight must be uint8 [N, K/2], got ", qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t N = qweight.size(0), half_k = qweight.size(1);
+  TORCH_CHECK(N % kTileRows == 0, "interleave_rows16: N must be a multiple of ", kTileRows, ", got N=", N);
+  TORCH_CHECK(half_k % (kBlock / 2) == 0, "interleave_rows16: K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
+  const at::Tensor q = qweight.contiguous();
+  at::Tensor out = at::empty_like(q);
+  const uint8_t* src = q.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t words = half_k / 4;  // per row; 4 per block of 32 k
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* tile = dst + t * kTileRows * half_k;
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        const uint8_t* row = src + (t * kTileRows + j) * half_k;
+        for (int64_t w = 0; w < words; ++w) {
+          uint32_t word;
+          std::memcpy(&word, row + 4 * w, 4);
+          word = shuffle_nibbles(word);
+          std::memcpy(tile + (w / 4) * kTileRows * (kBlock / 2) + (w % 4) * 64 + 4 * j, &word, 4);
+        }
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(edge_cpu_int4, m) {
@@ -698,6 +740,7 @@ TORCH_LIBRARY(edge_cpu_int4, m) {
   m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
         "Tensor down_offsets, int down_group_size) -> Tensor");
+  m.def("interleave_rows16(Tensor qweight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
@@ -705,4 +748,5 @@ TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_vnni_mm", &w4a8_vnni_mm);
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
+  m.impl("interleave_rows16", &interleave_rows16);
 }
