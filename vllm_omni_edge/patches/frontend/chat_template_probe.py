@@ -58,12 +58,12 @@ def cannot_hold_processor(name_or_path: str) -> bool:
     directory = Path(name_or_path)
     if not directory.is_dir() or any((directory / name).exists() for name in PROCESSOR_FILES):
         return False
-    for name in NAMING_FILES:
-        config = _json(directory / name)
+    configs = {name: _json(directory / name) for name in NAMING_FILES}
+    for config in configs.values():
         auto_map = config.get("auto_map")
         if config.get("processor_class") or (isinstance(auto_map, dict) and "AutoProcessor" in auto_map):
             return False
-    return _json(directory / "config.json").get("model_type") not in PROCESSOR_MAPPING_NAMES
+    return configs["config.json"].get("model_type") not in PROCESSOR_MAPPING_NAMES
 
 
 def wrap_probe(original):
