@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from vllm_omni_edge.cli.vllm_entry import starts_a_server
+from vllm_omni_edge.cli.vllm_entry import pause_collection_for_start, starts_a_server
 from vllm_omni_edge.levers import STARTUP_GC_ENV, startup_gc
 from vllm_omni_edge.patches import CLI_PATCHES
 from vllm_omni_edge.patches.base import PatchOutcome
@@ -143,3 +143,10 @@ def test_only_a_server_start_pauses():
     assert not starts_a_server(["serve", "--help"]) and not starts_a_server(["serve", "--help=all"])
     assert not starts_a_server(["bench", "serve"]) and not starts_a_server([])
     assert "vllm_omni_edge.patches.frontend.startup_gc" in CLI_PATCHES
+
+
+def test_a_bad_flag_value_is_named_and_pauses_nothing(monkeypatch):
+    monkeypatch.setenv(STARTUP_GC_ENV, "maybe")
+    with pytest.raises(SystemExit, match=f"vllm serve: {STARTUP_GC_ENV}='maybe': expected one of 1, 0"):
+        pause_collection_for_start("vllm serve")
+    assert gc.isenabled() and not startup_gc.is_paused()

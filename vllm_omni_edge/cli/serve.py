@@ -189,12 +189,13 @@ def _select_plugins(model: str | None) -> None:
 
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main
-    from vllm_omni_edge.levers import startup_gc
+    from vllm_omni_edge.cli.vllm_entry import pause_collection_for_start
 
     args, single_process = take_single_process_flag(args)
     argv = edge_serve_argv(args)  # may build the default model: not paused for that
     if not asks_for_help(args):
-        startup_gc.pause()  # before the first heavy import (plugin selection's transformers)
+        # Before the first heavy import (plugin selection's transformers).
+        pause_collection_for_start("vllm-omni-edge serve")
         _select_process_layout(single_process)
         _check_request_limit()
         _check_listen_address(argv[2:])

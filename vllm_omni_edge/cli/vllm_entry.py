@@ -11,13 +11,12 @@ import sys
 
 
 def main() -> int | None:
-    from vllm_omni_edge.levers import startup_gc
     from vllm_omni_edge.patches import apply_cli_patches
     from vllm_omni_edge.patches.early import install_interpreter_hooks
     from vllm_omni_edge.patches.frontend.startup_gc import resume_unless_in_force
 
     if starts_a_server(sys.argv[1:]):
-        startup_gc.pause()
+        pause_collection_for_start("vllm serve")
     install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
     resume_unless_in_force()  # nothing would turn collection back on
@@ -31,6 +30,16 @@ def main() -> int | None:
               f"{ENGINE_DEATH_EXIT_CODE} so a supervisor can restart the server", file=sys.stderr)
         return ENGINE_DEATH_EXIT_CODE
     return code
+
+
+def pause_collection_for_start(program: str) -> None:
+    """levers/startup_gc.py's pause; a bad flag value is a one-line error, not a traceback."""
+    from vllm_omni_edge.levers import LeverFlagError, startup_gc
+
+    try:
+        startup_gc.pause()
+    except LeverFlagError as err:
+        raise SystemExit(f"{program}: {err}") from None
 
 
 def asks_for_help(args: list[str]) -> bool:
