@@ -188,8 +188,7 @@ def _select_plugins(model: str | None) -> None:
 
 
 def serve(args: list[str]) -> int | None:
-    from vllm_omni_edge.cli.vllm_entry import main as vllm_main
-    from vllm_omni_edge.cli.vllm_entry import pause_collection_for_start
+    from vllm_omni_edge.cli.vllm_entry import main as vllm_main, pause_collection_for_start
 
     args, single_process = take_single_process_flag(args)
     argv = edge_serve_argv(args)  # may build the default model: not paused for that
