@@ -166,6 +166,8 @@ def collect_worker_evidence(worker) -> dict:
         "compilation_mode": str(compilation.mode),
         # Whether this start compiled the model or loaded vLLM's saved artifact (compile_cache_load).
         "compile_cache": _compile_cache_counts(),
+        # Inductor's ISA load probes this process answered from the memo or ran (isa_probe_memo).
+        "isa_probes": _isa_probes(),
         # Which wrapper runs the compiled graph (patches/frontend/inductor_cpp_wrapper.py).
         "inductor_cpp_wrapper": (int(compilation.mode) != 0
                                  and bool(compilation.inductor_compile_config.get("cpp_wrapper"))),
@@ -242,6 +244,12 @@ def _rms_norm_dispatch(model) -> dict:
         "rms_norm_priority": ir.ops.rms_norm.get_priority(),
         "rms_norm_edge_calls": dict(cpu_fused_rms_norm.calls),
     }
+
+
+def _isa_probes() -> dict[str, int]:
+    from vllm_omni_edge.patches.worker import isa_probe_memo
+
+    return dict(isa_probe_memo.counts)
 
 
 def _heap_trim() -> dict | None:

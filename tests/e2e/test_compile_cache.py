@@ -2,7 +2,8 @@
 
 vLLM 0.30 on CPU saved the artifact but failed to load it ("'function' object has no
 attribute 'finalize_loading'") and recompiled on every start; ``compile_cache_load``
-fixes the load; ``compile_warmup_tokens`` shortens the warm-up that follows. Two compiled
+fixes the load; ``compile_warmup_tokens`` shortens the warm-up that follows;
+``isa_probe_memo`` answers inductor's ISA probes of the second start from the first's. Two compiled
 starts of the default model (~2.5 min): slow.
 """
 
@@ -19,15 +20,18 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
     runs = []
     for start in ("first", "second"):
         run = run_probe(default_model, tmp_path / start, {"enforce_eager": False}, timeout=900,
-                        VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))
+                        VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
+                        VLLM_OMNI_EDGE_CACHE=str(tmp_path / "edge-cache"))
         assert run.returncode == 0, run.log
         [worker] = run.workers
         assert worker["compiled"], worker["compilation_mode"]
         assert worker["compile_warmup_tokens"] == 16  # compile_warmup_tokens, on by default
         assert not worker["inductor_cpp_wrapper"]  # the C++ wrapper is opt-in
-        runs.append((run, worker["compile_cache"]))
-    (first, first_cache), (second, second_cache) = runs
+        runs.append((run, worker["compile_cache"], worker["isa_probes"]))
+    (first, first_cache, first_probes), (second, second_cache, second_probes) = runs
     assert first_cache == {"aot_compiled": 1, "aot_loaded": 0}, first_cache
     assert second_cache == {"aot_compiled": 0, "aot_loaded": 1}, second.log
     assert "Compiling model again" not in second.log
     assert second.text == first.text and first.text
+    assert first_probes["probed"] > 0 and first_probes["remembered"] == 0, first_probes
+    assert second_probes == {"remembered": first_probes["probed"], "probed": 0}, second_probes

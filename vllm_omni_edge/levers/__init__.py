@@ -24,6 +24,7 @@ inherit the front end's environment).
 | a decoder layer's KV write inside its attention call (one custom op, not two); or vLLM's separate update | VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | automatic garbage collection paused while `serve` starts, one collection at the end; or on throughout | VLLM_OMNI_EDGE_STARTUP_GC=1/0 | 1 | levers/startup_gc.py, patches/frontend/startup_gc.py |
+| inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -50,6 +51,7 @@ ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
+ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 
 
 class LeverFlagError(ValueError):
@@ -73,6 +75,10 @@ def kv_default_mode() -> str:
 
 def short_compile_warmup() -> bool:
     return _choice(COMPILE_WARMUP_ENV, ("short", "full"), "short") == "short"
+
+
+def isa_probe_memo_enabled() -> bool:
+    return _choice(ISA_PROBE_MEMO_ENV, ("1", "0"), "1") == "1"
 
 
 def eager_sampler_enabled() -> bool:

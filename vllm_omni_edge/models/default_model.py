@@ -22,6 +22,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_omni_edge.cache_paths import cache_root
 from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf
 
 
@@ -74,15 +75,6 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 class ChecksumMismatchError(RuntimeError):
     pass
-
-
-def cache_root() -> Path:
-    env = os.environ.get("VLLM_OMNI_EDGE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("vllm-omni-edge"))
 
 
 def embedded_model(name: str) -> EmbeddedModel:
