@@ -4,11 +4,11 @@ What: wraps ``torch._inductor.cpu_vec_isa.VecISA._probe_load``, the check that s
 a child ``python -c`` to ``dlopen`` the small test library inductor builds for each
 vector ISA. A successful probe is written to ``<cache>/inductor/isa_probes.json``,
 keyed by the library's path and stamped with what the answer depends on: the
-library's size and mtime, the interpreter, torch's version and its ``libtorch_cpu``
-(size and mtime), this CPU's model and flags. A later probe of the same library with
-the same stamp answers from the file; anything else (a new stamp, a failed or timed
-out probe, an unreadable file) runs the probe as stock torch does. Failures are never
-remembered.
+library's size and mtime, the interpreter (its real path), torch's version and its
+``libtorch_cpu`` (path, size and mtime), this CPU's model and flags. A later probe of
+the same library with the same stamp answers from the file; anything else (a new
+stamp, a failed or timed out probe, an unreadable file) runs the probe as stock torch
+does. Failures are never remembered.
 Why: inductor checks each ISA once per process (``valid_vec_isa_list``, AMX, AVX-512
 VNNI, AVX-512 and AVX2 on this Xeon: 10 probes with their bf16/fp16 variants), on the
 critical path of every compiled start, including one that loads its compiled model
@@ -80,9 +80,11 @@ def probe_stamp(library: str) -> dict | None:
     libtorch = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     return {
         "library": library_stamp,
-        "python": sys.executable,
+        # The interpreter binary, whichever of its names (python, python3) started us.
+        "python": os.path.realpath(sys.executable),
         "torch": torch.__version__,
-        "libtorch_cpu": _file_stamp(libtorch),
+        # The child links the library against this libtorch (torch's lib dir on its path).
+        "libtorch_cpu": [str(libtorch), _file_stamp(libtorch)],
         "cpu": cpu_model_name(),
         "cpu_flags": " ".join(sorted(cpu_flags())),
     }
