@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from importlib import metadata
@@ -38,6 +39,11 @@ STOP_GRACE_S = 30.0  # SIGINT is vLLM's clean shutdown; then SIGTERM, then SIGKI
 FIRST_PROMPT = "Hello"  # text: the tokenizer is loaded only after the cold start is measured
 WARMUP_GEN_TOKENS = 8
 SINGLE_REQUEST_TIMEOUT_S = 300.0
+# vLLM's EngineCore logs how long its own init took: profile run (where a compiled model is
+# loaded from the cache), KV cache allocation, warm-up.
+ENGINE_INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+ENGINE_INIT_SOURCE = ("server log: vLLM's 'init engine (profile, create kv cache, warmup model) took' "
+                      "(the engine core's own timing)")
 STREAM_FIRST_TOKEN = "stream: request sent to first streamed token (HTTP, tokenisation, queueing, prefill)"
 STREAM_DECODE = "stream: (n-1) / (last streamed token - first streamed token), one request"
 STREAM_PREFILL = "stream: prompt tokens / time to first streamed token, one request with max_tokens=1"
@@ -194,6 +200,12 @@ class ServerPass:
         }
 
 
+def logged_engine_init_s(log_text: str) -> float | None:
+    """The engine core's init time as vLLM logged it; None if it logged none (or several)."""
+    found = ENGINE_INIT_LINE.findall(log_text)
+    return float(found[0]) if len(found) == 1 else None
+
+
 def _served_model(base_url: str) -> dict[str, Any]:
     import httpx
 
@@ -270,6 +282,9 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         start_up["server start to first token"] = _figure(
             timings["server_spawn_to_first_token_s"], "s", "lower",
             "wall clock: server process spawned to the first token of the first request")
+        engine_init_s = logged_engine_init_s(server.log_path.read_text(errors="replace"))
+        if engine_init_s is not None:
+            start_up["engine init (vLLM log)"] = _figure(engine_init_s, "s", "lower", ENGINE_INIT_SOURCE)
         workloads = run_workloads(spec["workloads"], run_and_check, start_up)
         pass_events.emit(events, pass_events.WORKLOADS_DONE)
     finally:

@@ -48,7 +48,8 @@ def test_server_grid_end_to_end(tmp_path, default_model):
     summary = json.loads((out / "summary.json").read_text())
     assert code == cli.EXIT_OK, summary
 
-    expected = {"cold_start", "server ready", "ttft32", "tg16", f"{SERVER} output", f"{SERVER} requests",
+    expected = {"cold_start", "server ready", "server start to first token", "engine init (vLLM log)",
+                "ttft32", "tg16", f"{SERVER} output", f"{SERVER} requests",
                 f"{SERVER} TTFT p50", f"{SERVER} TTFT p99", f"{SERVER} ITL p50", f"{SERVER} completed",
                 f"{SERVER} errored", f"{SERVER} preemptions", "agent[3] score", "agent[3] score tool_selection",
                 "agent[3] score tool_arguments", "agent[3] score json_schema", "tree PSS steady",

@@ -142,3 +142,13 @@ def test_a_server_that_exited_makes_the_pass_raise(tmp_path):
     server.proc.poll = lambda: -9
     with pytest.raises(pass_vllm_server.ServerDied, match="exit code -9"):
         client.check_alive()
+
+
+def test_engine_init_time_is_read_from_vllms_own_log_line():
+    from benchmarks.edge_harness.pass_vllm_server import logged_engine_init_s
+
+    line = ("(APIServer pid=1) INFO 12-02 10:34:25 [core.py:379] init engine (profile, create kv "
+            "cache, warmup model) took 3.53 s\n")
+    assert logged_engine_init_s("starting\n" + line + "ready\n") == 3.53
+    assert logged_engine_init_s("no such line\n") is None
+    assert logged_engine_init_s(line + line) is None  # two engines: not one figure
