@@ -59,8 +59,16 @@ def write_process_record() -> Path | None:
             "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_", "GOMP_"))},
             "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
             "startup_gc": startup_gc.record(),
+            "tokenizer_pool": _tokenizer_pool(),
         },
     )
+
+
+def _tokenizer_pool() -> list[dict[str, int]]:
+    """vLLM's renderer tokenizer pools in this process: copies asked for, made up front."""
+    from vllm_omni_edge.patches.frontend import tokenizer_pool
+
+    return tokenizer_pool.record()
 
 
 def _compile_warmup_tokens() -> int | None:
@@ -180,6 +188,8 @@ def collect_worker_evidence(worker) -> dict:
         "compile_warmup_tokens": _compile_warmup_tokens(),
         # Automatic collection paused in this process while the server starts (levers/startup_gc.py).
         "startup_gc": startup_gc.record(),
+        # vLLM's renderer tokenizer pools built in this process (patches/frontend/tokenizer_pool.py).
+        "tokenizer_pool": _tokenizer_pool(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.

@@ -25,6 +25,7 @@ inherit the front end's environment).
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | automatic garbage collection paused while `serve` starts, one collection at the end; or on throughout | VLLM_OMNI_EDGE_STARTUP_GC=1/0 | 1 | levers/startup_gc.py, patches/frontend/startup_gc.py |
 | inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
+| vLLM's renderer tokenizer pool: one deep copy up front, more only when threads use it at once; or vLLM's renderer_num_workers + 1 up front | VLLM_OMNI_EDGE_TOKENIZER_POOL=lazy/vllm | lazy | patches/frontend/tokenizer_pool.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
 how it and ``VLLM_CPU_KVCACHE_SPACE`` are reconciled.
@@ -52,6 +53,7 @@ FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
+TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
 
 
 class LeverFlagError(ValueError):
@@ -79,6 +81,10 @@ def short_compile_warmup() -> bool:
 
 def isa_probe_memo_enabled() -> bool:
     return _choice(ISA_PROBE_MEMO_ENV, ("1", "0"), "1") == "1"
+
+
+def lazy_tokenizer_pool() -> bool:
+    return _choice(TOKENIZER_POOL_ENV, ("lazy", "vllm"), "lazy") == "lazy"
 
 
 def eager_sampler_enabled() -> bool:
