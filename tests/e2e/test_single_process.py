@@ -96,6 +96,14 @@ def test_collection_was_paused_for_the_start_and_is_on_when_serving(server):
     assert record["frozen_objects"] >= worker["startup_gc"]["frozen_before_load"]
 
 
+def test_the_renderer_pool_started_with_one_tokenizer_copy(server):
+    # patches/frontend/tokenizer_pool.py: vLLM asks for renderer_num_workers + 1 = 2 copies;
+    # one is made up front (the concurrent-clients test below makes the pool grow for real).
+    [process] = evidence(server, "process")
+    assert process["patches"]["tokenizer_pool"] == "applied"
+    assert process["tokenizer_pool"] == [{"asked": 2, "made_up_front": 1}]
+
+
 def test_streamed_chat_answers(server):
     text, tokens, ttft, _ = ask_streaming(server.base_url, SMOKE_QUESTION, 24,
                                           out=None)
