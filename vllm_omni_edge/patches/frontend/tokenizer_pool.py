@@ -21,7 +21,7 @@ Remove when: vLLM builds the renderer's pool on demand (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.renderers.hf"
@@ -46,18 +46,15 @@ pools: list[dict[str, int]] = []
 
 
 def _wrap(module) -> None:
-    original = module.maybe_make_thread_pool
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def maybe_make_thread_pool(tokenizer, copies: int = 1):
+            made = copies if up_front_limit is None else min(copies, up_front_limit)
+            pools.append({"asked": copies, "made_up_front": made})
+            return original(tokenizer, made)
 
-    def maybe_make_thread_pool(tokenizer, copies: int = 1):
-        made = copies if up_front_limit is None else min(copies, up_front_limit)
-        pools.append({"asked": copies, "made_up_front": made})
-        return original(tokenizer, made)
+        return maybe_make_thread_pool
 
-    maybe_make_thread_pool.__edge_wrapped__ = True
-    maybe_make_thread_pool.__wrapped__ = original
-    module.maybe_make_thread_pool = maybe_make_thread_pool
+    wrap_method_once(module, "maybe_make_thread_pool", make)  # a module attribute, not a method
 
 
 def record() -> list[dict[str, int]]:

@@ -25,13 +25,14 @@ Remove when: torch caches the probe result on disk, or stops probing in a subpro
 
 from __future__ import annotations
 
+import functools
 import json
-import logging
 import os
 import sys
 import threading
 from pathlib import Path
 
+from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
@@ -47,7 +48,7 @@ RECORD = PatchRecord(
     remove_when="torch remembers the probe on disk or stops probing in a subprocess.",
 )
 
-logger = logging.getLogger("vllm_omni_edge.isa_probe_memo")
+logger = get_logger("patches.isa_probe_memo")
 
 # Probes in this process: answered from the file, or run (evidence / tests).
 counts = {"remembered": 0, "probed": 0}
@@ -68,18 +69,15 @@ def _file_stamp(path: str | os.PathLike) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def probe_stamp(library: str) -> dict | None:
-    """What a probe's answer depends on; None if the library cannot be stat'ed."""
+@functools.cache
+def _environment_stamp() -> dict:
+    """The part of the stamp that is the same for every probe of this process."""
     import torch
 
     from vllm_omni_edge.cpu_features import cpu_flags, cpu_model_name
 
-    library_stamp = _file_stamp(library)
-    if library_stamp is None:
-        return None
     libtorch = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     return {
-        "library": library_stamp,
         # The interpreter binary, whichever of its names (python, python3) started us.
         "python": os.path.realpath(sys.executable),
         "torch": torch.__version__,
@@ -88,6 +86,14 @@ def probe_stamp(library: str) -> dict | None:
         "cpu": cpu_model_name(),
         "cpu_flags": " ".join(sorted(cpu_flags())),
     }
+
+
+def probe_stamp(library: str) -> dict | None:
+    """What a probe's answer depends on; None if the library cannot be stat'ed."""
+    library_stamp = _file_stamp(library)
+    if library_stamp is None:
+        return None
+    return {"library": library_stamp, **_environment_stamp()}
 
 
 def _read_memo(path: Path) -> dict:
@@ -112,6 +118,7 @@ def remember(library: str, stamp: dict) -> None:
 
 
 def is_remembered(library: str, stamp: dict | None) -> bool:
+    # Read per probe (ten small reads a start), so another process's new entries count.
     return stamp is not None and _read_memo(memo_path()).get(library) == stamp
 
 
