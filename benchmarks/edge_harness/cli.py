@@ -1,6 +1,6 @@
 """edge-harness: measure arms of a grid in interleaved passes, then report.
 
-    edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--keep-going]
+    edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--prime] [--keep-going]
     edge-harness report DIR
 """
 
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="results directory [default: results/<date>-<grid name>]")
     run.add_argument("--passes", type=int, help="override the grid's passes (at least 3)")
     run.add_argument("--rotate", action="store_true", help="rotate the first arm of each pass")
+    run.add_argument("--prime", action="store_true",
+                     help="run each vLLM arm once, unmeasured, before the passes (fills compile caches)")
     run.add_argument("--timeout-s", type=float, help="override the grid's per-pass timeout")
     run.add_argument("--keep-going", action="store_true",
                      help="run every pass even after one crashed or was invalid (default: stop)")
@@ -52,7 +54,8 @@ def _run(args: argparse.Namespace) -> int:
     grid, text = load_grid(args.grid)
     overrides = {
         key: value
-        for key, value in (("passes", args.passes), ("timeout_s", args.timeout_s), ("rotate_start", args.rotate or None))
+        for key, value in (("passes", args.passes), ("timeout_s", args.timeout_s), ("rotate_start", args.rotate or None),
+                             ("prime", args.prime or None))
         if value is not None
     }
     if overrides:

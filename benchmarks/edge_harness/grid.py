@@ -294,6 +294,8 @@ class Grid(_Strict):
     control: str = Field(description="the arm every other arm is compared with")
     rotate_start: bool = Field(False, description="start each pass with the next arm (A B C, B C A, ...)")
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit for one pass, load included")
+    prime: bool = Field(False, description="run each vLLM arm once, unmeasured, before the passes: fills its "
+                        "compile cache and the page cache, so cold_start is a warm start")
     arms: list[Arm] = Field(min_length=1, description="configurations to compare")
     workloads: list[Workload] = Field(min_length=1, description="what each pass measures, in order")
 

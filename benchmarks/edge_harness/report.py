@@ -110,6 +110,8 @@ def _header(art: dict[str, Any]) -> list[str]:
     lines += [
         f"- passes: {grid['passes']} per arm, interleaved{' with rotating start' if grid.get('rotate_start') else ''}; "
         f"control: `{grid['control']}`",
+        *([f"- primed (one unmeasured pass per vLLM arm before the passes): "
+           + ", ".join(f"{arm} {status}" for arm, status in prov["primed"].items())] if prov.get("primed") else []),
         f"- run: {prov.get('started')} → {prov.get('finished')}; code {sha}",
         f"- packages: {packages}",
         f"- CPU: {cpu.get('model_name')}, {cpu.get('logical_cpus')} logical CPUs, "

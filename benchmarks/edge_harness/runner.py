@@ -290,6 +290,25 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
     }
 
 
+def prime_arms(grid: Grid, out_dir: Path, options: RunOptions) -> tuple[dict[str, str], str | None]:
+    """One unmeasured pass per vLLM arm (``prime``): its compile artifact and the files it reads
+    are then there for every measured pass, whatever arm ran first. Returns each primed arm's
+    status, and why the grid cannot run if a prime was not ok (its arm would fail every pass)."""
+    statuses: dict[str, str] = {}
+    for arm in grid.arms:
+        if arm.engine == "llamacpp":
+            continue  # nothing cached between starts but the page cache, which the passes share
+        scheduled = ScheduledPass(seq=0, pass_index=0, arm=arm.name)
+        record = run_pass(grid, scheduled, out_dir / "prime", options)
+        statuses[arm.name] = record["status"]
+        _write_json(out_dir / "prime" / "passes" / f"{scheduled.stem}.json", record)
+        options.log(f"[prime] {arm.name}: {record['status']} ({record['wall_s']:.0f} s)")
+        if record["status"] != OK:
+            return statuses, f"not run: the prime pass of {arm.name} was {record['status']}: " + \
+                "; ".join(record["reasons"][:2])
+    return statuses, None
+
+
 def _not_run(scheduled: ScheduledPass, why: str) -> dict[str, Any]:
     return {"seq": scheduled.seq, "pass_index": scheduled.pass_index, "arm": scheduled.arm,
             "status": NOT_RUN, "reasons": [why]}
@@ -328,6 +347,8 @@ def run_grid(grid: Grid, grid_text: str, out_dir: Path, options: RunOptions,
     records: list[dict[str, Any]] = []
     stop: str | None = None
     try:
+        if grid.prime:
+            record["primed"], stop = prime_arms(grid, out_dir, options)
         for scheduled in schedule:
             if stop:
                 result = _not_run(scheduled, stop)

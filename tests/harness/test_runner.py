@@ -190,3 +190,22 @@ def test_costly_memory_samples_are_spaced_to_cap_the_samplers_cpu(tmp_path, fake
         assert sampler["samples"] >= 1 and sampler["cpu_s"] >= 0.02 * sampler["samples"] * 0.9
         # 0.05 s nominal interval would spend ~30 % of the wall sampling; the cap keeps it near 5 %.
         assert sampler["cpu_share_of_wall"] < 0.12, sampler
+
+
+def test_prime_runs_each_arm_once_unmeasured_before_the_passes(tmp_path, fake_engine):
+    summary, passes, out = run(tmp_path, fake_grid(tmp_path, {}, {}, prime=True))
+    assert summary["status"] == "ok"
+    assert list(passes) == ["01-a", "01-b", "02-a", "02-b", "03-a", "03-b"]  # primes are not passes
+    primes = {p.stem: json.loads(p.read_text()) for p in (out / "prime" / "passes").glob("*.json")}
+    assert {stem: p["status"] for stem, p in primes.items()} == {"00-a": "ok", "00-b": "ok"}
+    first_measured = min(p["started"] for p in passes.values())
+    assert all(p["finished"] <= first_measured for p in primes.values())
+    assert json.loads((out / "provenance.json").read_text())["primed"] == {"a": "ok", "b": "ok"}
+
+
+def test_a_prime_that_crashes_stops_the_grid_before_any_pass(tmp_path, fake_engine):
+    summary, passes, out = run(tmp_path, fake_grid(tmp_path, {}, {"fake": "crash"}, prime=True))
+    assert summary["status"] != "ok"
+    assert {p["status"] for p in passes.values()} == {"not_run"}
+    assert all("prime pass of b was crashed" in p["reasons"][0] for p in passes.values())
+    assert json.loads((out / "provenance.json").read_text())["primed"] == {"a": "ok", "b": "crashed"}

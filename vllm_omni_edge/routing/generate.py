@@ -27,8 +27,7 @@ ASSUMED = {
                 "assumed: field-notes microbenchmark on an AMX Xeon (W4A8 0.17 ms vs tinygemm 0.38 ms "
                 "at decode shapes; W4A8 near bf16 at prefill, tinygemm ~11x slower); not a harness artifact"),
     "x86-avx512-vnni": (["int4pack", "avx512_w4a8_rows16", "avx2_w4a8", "dequant"],
-                        "assumed: tinygemm has AVX-512 kernels; our VNNI kernels were measured only on "
-                        "the AMX class; not measured here"),
+                        "assumed: superseded by a measured row (AMD EPYC Zen 5, 2026-12-02)"),
     "x86-avx512": (["int4pack", "avx2_w4a8", "dequant"],
                    "assumed: tinygemm has AVX-512 kernels, our op only AVX2 code; not measured here"),
     "x86-avx2": (["int4pack", "avx2_w4a8", "dequant"], "assumed: superseded by a measured row"),
