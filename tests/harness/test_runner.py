@@ -209,3 +209,13 @@ def test_a_prime_that_crashes_stops_the_grid_before_any_pass(tmp_path, fake_engi
     assert {p["status"] for p in passes.values()} == {"not_run"}
     assert all("prime pass of b was crashed" in p["reasons"][0] for p in passes.values())
     assert json.loads((out / "provenance.json").read_text())["primed"] == {"a": "ok", "b": "crashed"}
+
+
+def test_an_invalid_prime_does_not_stop_the_grid(tmp_path, fake_engine):
+    # The prime is the start that compiles; the passes then expect to load the artifact.
+    grid = parse_grid({**grid_dict(prime=True), "arms": [
+        {"name": "a", "model": str(tmp_path), "llm_kwargs": {"fake": "ok"}},
+        {"name": "b", "model": str(tmp_path), "llm_kwargs": {}, "expect": {"no_such_key": 1}}]})
+    summary, passes, out = run(tmp_path, grid)
+    assert json.loads((out / "provenance.json").read_text())["primed"] == {"a": "ok", "b": "invalid"}
+    assert passes["01-a"]["status"] == "ok" and passes["01-b"]["status"] == "invalid"
