@@ -338,9 +338,9 @@ def run_grid(grid: Grid, grid_text: str, out_dir: Path, options: RunOptions,
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} is not empty; results are never overwritten")
+    record = provenance.collect(grid_text)  # before the results directory makes the tree dirty
     (out_dir / "passes").mkdir(parents=True, exist_ok=True)
     (out_dir / "grid.yaml").write_text(grid_text)
-    record = provenance.collect(grid_text)
     record["overrides"] = overrides or {}
     record["effective_grid"] = grid.model_dump()
     _write_json(out_dir / "provenance.json", record)
