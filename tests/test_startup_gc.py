@@ -30,12 +30,36 @@ def test_pause_turns_collection_off_until_resume():
     assert startup_gc.pause()
     assert not gc.isenabled() and startup_gc.is_paused()
     assert not startup_gc.pause()  # once
-    assert startup_gc.record() == {"paused": True, "resumed_by": None, "paused_now": True}
+    assert startup_gc.record() == {"paused": True, "mode": "pause", "resumed_by": None, "paused_now": True}
     done = startup_gc.resume("because")
     assert gc.isenabled() and not startup_gc.is_paused()
     assert done["resumed_by"] == "because" and done["seconds_paused"] >= 0
     assert startup_gc.resume("again") is None  # idempotent
     assert startup_gc.record()["paused_now"] is False
+
+
+def test_young_mode_collects_young_cycles_and_never_scans_old_objects(monkeypatch):
+    monkeypatch.setenv(STARTUP_GC_ENV, "young")
+    before = gc.get_threshold()
+    assert startup_gc.pause()
+    assert gc.isenabled() and startup_gc.is_paused() and startup_gc.record()["mode"] == "young"
+    assert gc.get_threshold() == (before[0], startup_gc.NEVER, startup_gc.NEVER)
+
+    class Node:
+        pass
+
+    garbage = Node()
+    garbage.self = garbage
+    collected = weakref.ref(garbage)
+    del garbage
+    full_before = gc.get_stats()[2]["collections"]
+    keep = [Node() for _ in range(before[0] * 3)]  # enough allocations for young collections
+    assert collected() is None  # a young cycle is collected automatically while "paused"
+    frozen = startup_gc.collect_and_freeze()
+    assert frozen > 0 and gc.get_stats()[2]["collections"] == full_before  # no full scan
+    startup_gc.resume("because")
+    assert gc.get_threshold() == before and gc.isenabled()
+    del keep
 
 
 def test_flag_off_leaves_collection_on(monkeypatch):
@@ -147,6 +171,6 @@ def test_only_a_server_start_pauses():
 
 def test_a_bad_flag_value_is_named_and_pauses_nothing(monkeypatch):
     monkeypatch.setenv(STARTUP_GC_ENV, "maybe")
-    with pytest.raises(SystemExit, match=f"vllm serve: {STARTUP_GC_ENV}='maybe': expected one of 1, 0"):
+    with pytest.raises(SystemExit, match=f"vllm serve: {STARTUP_GC_ENV}='maybe': expected one of 1, pause, young, 0"):
         pause_collection_for_start("vllm serve")
     assert gc.isenabled() and not startup_gc.is_paused()

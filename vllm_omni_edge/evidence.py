@@ -60,8 +60,16 @@ def write_process_record() -> Path | None:
             "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
             "startup_gc": startup_gc.record(),
             "tokenizer_pool": _tokenizer_pool(),
+            "weights_check": _weights_check(),
         },
     )
+
+
+def _weights_check() -> dict[str, int]:
+    """cpu_int4 checkpoint files this process hashed or found unchanged (quantization/manifest.py)."""
+    from vllm_omni_edge.quantization import manifest
+
+    return manifest.checks()
 
 
 def _tokenizer_pool() -> list[dict[str, int]]:
@@ -176,6 +184,8 @@ def collect_worker_evidence(worker) -> dict:
         "compile_cache": _compile_cache_counts(),
         # Inductor's ISA load probes this process answered from the memo or ran (isa_probe_memo).
         "isa_probes": _isa_probes(),
+        # Inductor's precompiled-header path from the memo, or preprocessed (precompiled_header_memo).
+        "precompiled_headers": _precompiled_headers(),
         # Which wrapper runs the compiled graph (patches/frontend/inductor_cpp_wrapper.py).
         "inductor_cpp_wrapper": (int(compilation.mode) != 0
                                  and bool(compilation.inductor_compile_config.get("cpp_wrapper"))),
@@ -190,6 +200,7 @@ def collect_worker_evidence(worker) -> dict:
         "startup_gc": startup_gc.record(),
         # vLLM's renderer tokenizer pools built in this process (patches/frontend/tokenizer_pool.py).
         "tokenizer_pool": _tokenizer_pool(),
+        "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.
@@ -260,6 +271,12 @@ def _isa_probes() -> dict[str, int]:
     from vllm_omni_edge.patches.worker import isa_probe_memo
 
     return dict(isa_probe_memo.counts)
+
+
+def _precompiled_headers() -> dict[str, int]:
+    from vllm_omni_edge.patches.worker import precompiled_header_memo
+
+    return dict(precompiled_header_memo.counts)
 
 
 def _heap_trim() -> dict | None:

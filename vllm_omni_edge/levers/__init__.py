@@ -25,6 +25,8 @@ inherit the front end's environment).
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | automatic garbage collection paused while `serve` starts, one collection at the end; or on throughout | VLLM_OMNI_EDGE_STARTUP_GC=1/0 | 1 | levers/startup_gc.py, patches/frontend/startup_gc.py |
 | inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
+| the path of inductor's precompiled C++ header remembered across starts; or preprocessed every start | VLLM_OMNI_EDGE_PCH_MEMO=1/0 | 1 | patches/worker/precompiled_header_memo.py |
+| a cpu_int4 checkpoint's SHA-256 check: once per file version (size, mtime, ctime, inode), or every start | VLLM_OMNI_EDGE_WEIGHTS_CHECK=once/always | once | quantization/manifest.py |
 | vLLM's renderer tokenizer pool: one deep copy up front, more only when threads use it at once; or vLLM's renderer_num_workers + 1 up front | VLLM_OMNI_EDGE_TOKENIZER_POOL=lazy/vllm | lazy | patches/frontend/tokenizer_pool.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
@@ -54,6 +56,8 @@ ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
+WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
+PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
 
 
 class LeverFlagError(ValueError):
@@ -77,6 +81,15 @@ def kv_default_mode() -> str:
 
 def short_compile_warmup() -> bool:
     return _choice(COMPILE_WARMUP_ENV, ("short", "full"), "short") == "short"
+
+
+def weights_check_always() -> bool:
+    """Hash a cpu_int4 checkpoint's weights every start, not once per file version."""
+    return _choice(WEIGHTS_CHECK_ENV, ("once", "always"), "once") == "always"
+
+
+def pch_memo_enabled() -> bool:
+    return _choice(PCH_MEMO_ENV, ("1", "0"), "1") == "1"
 
 
 def isa_probe_memo_enabled() -> bool:
@@ -109,8 +122,15 @@ def fused_mlp_enabled() -> bool:
     return _choice(FUSED_MLP_ENV, ("1", "0"), "1") == "1"
 
 
+def startup_gc_mode() -> str:
+    """``pause``: no automatic collection while serve starts; ``young``: only the youngest
+    generation is collected automatically; ``off``: CPython's collection throughout."""
+    value = _choice(STARTUP_GC_ENV, ("1", "pause", "young", "0"), "1")
+    return {"1": "pause", "0": "off"}.get(value, value)
+
+
 def startup_gc_enabled() -> bool:
-    return _choice(STARTUP_GC_ENV, ("1", "0"), "1") == "1"
+    return startup_gc_mode() != "off"
 
 
 def embed_prepack_enabled() -> bool:

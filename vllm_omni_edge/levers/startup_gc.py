@@ -30,7 +30,9 @@ RESUMED_DEADLINE = "deadline: the server was not ready in time"
 # several API servers, a hang) gets collection back after this long anyway.
 DEADLINE_S = 900.0
 
+NEVER = 1 << 30  # a generation threshold never reached in a start
 _paused_at: float | None = None
+_thresholds: tuple[int, int, int] | None = None  # CPython's, while mode "young" holds them
 _record: dict = {"paused": False}
 _deadline: threading.Timer | None = None
 _lock = threading.Lock()  # the deadline timer resumes from its own thread
@@ -44,13 +46,21 @@ def pause(deadline_s: float = DEADLINE_S) -> bool:
     was already off, paused by us or by someone else whose choice we leave alone)."""
     from vllm_omni_edge.levers import startup_gc_enabled
 
-    global _paused_at, _record, _deadline
+    from vllm_omni_edge.levers import startup_gc_mode
+
+    global _paused_at, _record, _deadline, _thresholds
     with _lock:
         if _paused_at is not None or not startup_gc_enabled() or not gc.isenabled():
             return False
-        gc.disable()
+        mode = startup_gc_mode()
+        if mode == "young":
+            # Young cycles are still collected while young; nothing is promoted to a scan again.
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], NEVER, NEVER)
+        else:
+            gc.disable()
         _paused_at = time.monotonic()
-        _record = {"paused": True, "resumed_by": None}
+        _record = {"paused": True, "mode": mode, "resumed_by": None}
         _deadline = threading.Timer(deadline_s, resume, args=(RESUMED_DEADLINE,))
         _deadline.daemon = True
         _deadline.start()
@@ -69,11 +79,19 @@ def resume(reason: str) -> dict | None:
         if _paused_at is None:
             return None
         _deadline.cancel()
-        gc.enable()
+        _restore_collection()
         _record.update(resumed_by=reason, seconds_paused=round(time.monotonic() - _paused_at, 3),
                        frozen_objects=gc.get_freeze_count())
         _paused_at = None
         return dict(_record)
+
+
+def _restore_collection() -> None:
+    global _thresholds
+    if _thresholds is not None:
+        gc.set_threshold(*_thresholds)
+        _thresholds = None
+    gc.enable()
 
 
 def _after_fork_in_child() -> None:
@@ -81,7 +99,7 @@ def _after_fork_in_child() -> None:
     global _paused_at, _record, _lock
     _lock = threading.Lock()
     if _paused_at is not None:
-        gc.enable()
+        _restore_collection()
         _paused_at = None
         _record = {"paused": False, "resumed_by": "forked child: collection on from its start"}
 
@@ -98,7 +116,9 @@ def collect_and_freeze() -> int | None:
     with _lock:
         if _paused_at is None:
             return None
-        gc.collect()
+        # Young mode has collected the start's short-lived cycles as they died; what is left
+        # is frozen without a full scan. Paused, one full collection first.
+        gc.collect(0 if _thresholds is not None else 2)
         gc.freeze()
         _record["frozen_before_load"] = gc.get_freeze_count()
         return _record["frozen_before_load"]

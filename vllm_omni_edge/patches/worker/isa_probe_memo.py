@@ -25,16 +25,9 @@ Remove when: torch caches the probe result on disk, or stops probing in a subpro
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import sys
-import threading
-from pathlib import Path
-
-from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
+from vllm_omni_edge.stamped_memo import StampedMemo, environment_stamp, file_stamp
 
 TARGET_MODULE = "torch._inductor.cpu_vec_isa"
 
@@ -48,78 +41,30 @@ RECORD = PatchRecord(
     remove_when="torch remembers the probe on disk or stops probing in a subprocess.",
 )
 
-logger = get_logger("patches.isa_probe_memo")
-
 # Probes in this process: answered from the file, or run (evidence / tests).
 counts = {"remembered": 0, "probed": 0}
-_lock = threading.Lock()
+MEMO = StampedMemo("inductor", "isa_probes.json")
 
 
-def memo_path() -> Path:
-    from vllm_omni_edge.cache_paths import cache_root
-
-    return cache_root() / "inductor" / "isa_probes.json"
-
-
-def _file_stamp(path: str | os.PathLike) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
-
-
-@functools.cache
-def _environment_stamp() -> dict:
-    """The part of the stamp that is the same for every probe of this process."""
-    import torch
-
-    from vllm_omni_edge.cpu_features import cpu_flags, cpu_model_name
-
-    libtorch = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    return {
-        # The interpreter binary, whichever of its names (python, python3) started us.
-        "python": os.path.realpath(sys.executable),
-        "torch": torch.__version__,
-        # The child links the library against this libtorch (torch's lib dir on its path).
-        "libtorch_cpu": [str(libtorch), _file_stamp(libtorch)],
-        "cpu": cpu_model_name(),
-        "cpu_flags": " ".join(sorted(cpu_flags())),
-    }
+def memo_path():
+    return MEMO.path
 
 
 def probe_stamp(library: str) -> dict | None:
     """What a probe's answer depends on; None if the library cannot be stat'ed."""
-    library_stamp = _file_stamp(library)
+    library_stamp = file_stamp(library)
     if library_stamp is None:
         return None
-    return {"library": library_stamp, **_environment_stamp()}
-
-
-def _read_memo(path: Path) -> dict:
-    try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
+    # The child links the library against this libtorch (torch's lib dir on its path).
+    return {"library": library_stamp, **environment_stamp()}
 
 
 def remember(library: str, stamp: dict) -> None:
-    from vllm_omni_edge.atomic import atomic_write_bytes
-
-    path = memo_path()
-    with _lock:
-        entries = _read_memo(path)
-        entries[library] = stamp
-        try:
-            atomic_write_bytes(path, json.dumps(entries, indent=1, sort_keys=True).encode())
-        except OSError as err:  # a read-only cache costs the next start a probe, nothing else
-            logger.warning("isa_probe_memo: cannot write %s: %s", path, err)
+    MEMO.put(library, stamp)
 
 
 def is_remembered(library: str, stamp: dict | None) -> bool:
-    # Read per probe (ten small reads a start), so another process's new entries count.
-    return stamp is not None and _read_memo(memo_path()).get(library) == stamp
+    return stamp is not None and MEMO.get(library) == stamp
 
 
 def _wrap(module) -> None:
