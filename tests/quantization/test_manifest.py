@@ -15,6 +15,7 @@ from vllm_omni_edge.quantization.manifest import CheckpointIntegrityError, verif
 def checkpoint(tmp_path, isolated_cache, monkeypatch):
     monkeypatch.delenv(WEIGHTS_CHECK_ENV, raising=False)
     monkeypatch.setattr(manifest, "_checks", {"hashed": 0, "remembered": 0})
+    monkeypatch.setattr(manifest, "_matched_here", set())  # a new process each call unless a test says
     directory = tmp_path / "ckpt"
     directory.mkdir()
     (directory / "model.safetensors").write_bytes(os.urandom(1 << 16))
@@ -22,15 +23,28 @@ def checkpoint(tmp_path, isolated_cache, monkeypatch):
     return directory
 
 
+def new_process():
+    manifest._matched_here.clear()
+
+
 def test_an_unchanged_file_is_hashed_once(checkpoint):
     verify_manifest(checkpoint)
+    new_process()
     verify_manifest(checkpoint)
     assert manifest.checks() == {"hashed": 1, "remembered": 1}
+
+
+def test_a_process_checks_a_file_version_once_even_when_always(checkpoint, monkeypatch):
+    monkeypatch.setenv(WEIGHTS_CHECK_ENV, "always")
+    verify_manifest(checkpoint)
+    verify_manifest(checkpoint)  # vLLM builds the quantization config twice per start
+    assert manifest.checks() == {"hashed": 1, "remembered": 0}
 
 
 def test_a_same_size_edit_with_its_mtime_restored_is_still_caught(checkpoint):
     weights = checkpoint / "model.safetensors"
     verify_manifest(checkpoint)
+    new_process()
     before = weights.stat()
     data = bytearray(weights.read_bytes())
     data[100] ^= 0xFF
@@ -55,6 +69,7 @@ def test_a_mismatch_is_never_remembered(checkpoint):
 def test_always_hashes_every_start(checkpoint, monkeypatch):
     monkeypatch.setenv(WEIGHTS_CHECK_ENV, "always")
     verify_manifest(checkpoint)
+    new_process()
     verify_manifest(checkpoint)
     assert manifest.checks() == {"hashed": 2, "remembered": 0}
 
@@ -70,5 +85,6 @@ def test_an_unwritable_cache_costs_only_the_memo(checkpoint, isolated_cache, tmp
     blocker.write_text("")
     monkeypatch.setenv("VLLM_OMNI_EDGE_CACHE", str(blocker))  # its subdirectories cannot be made
     verify_manifest(checkpoint)
+    new_process()
     verify_manifest(checkpoint)
     assert manifest.checks() == {"hashed": 2, "remembered": 0}

@@ -11,7 +11,8 @@ the user cache with its size, mtime, ctime, inode and device, and a later start 
 finds all five unchanged does not read it again (0.9-1.8 s per start for the 1.4 GB
 Qwen2.5-1.5B checkpoint on this box). Any write, copy or rename changes ctime or
 inode, so what is skipped is only a re-read of bytes the filesystem says are the
-same; ``VLLM_OMNI_EDGE_WEIGHTS_CHECK=always`` hashes every start.
+same; ``VLLM_OMNI_EDGE_WEIGHTS_CHECK=always`` hashes every start. Either way a process
+checks a file version once (vLLM builds the quantization config twice per start).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 MANIFEST_NAME = "cpu_int4_manifest.json"
 VERIFIED_DIR = "verified-weights"  # under the user cache: one record per checked file
 _checks = {"hashed": 0, "remembered": 0}  # this process's, for the evidence
+# Versions this process already hashed: vLLM builds the quantization config twice per start.
+_matched_here: set[str] = set()
 
 
 class CheckpointIntegrityError(RuntimeError):
@@ -53,17 +56,21 @@ def sha256_matches(path: Path, expected_sha256: str) -> bool:
     from vllm_omni_edge.levers import weights_check_always
 
     version = {**_file_version(path), "sha256": expected_sha256}
+    if json.dumps(version, sort_keys=True) in _matched_here:
+        return True
     record_path = _verified_record_path(path)
     if not weights_check_always():
         try:
             if json.loads(record_path.read_text()) == version:
                 _checks["remembered"] += 1
+                _matched_here.add(json.dumps(version, sort_keys=True))
                 return True
         except (OSError, ValueError):
             pass  # no record, or an unreadable one: hash
     _checks["hashed"] += 1
     if file_record(path)["sha256"] != expected_sha256:
         return False
+    _matched_here.add(json.dumps(version, sort_keys=True))
     from vllm_omni_edge.atomic import atomic_write_bytes
 
     try:
