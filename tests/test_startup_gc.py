@@ -18,7 +18,7 @@ from vllm_omni_edge.patches.frontend import startup_gc as patch
 
 @pytest.fixture(autouse=True)
 def clean_gc_state(monkeypatch):
-    monkeypatch.delenv(STARTUP_GC_ENV, raising=False)
+    monkeypatch.setenv(STARTUP_GC_ENV, "pause")  # the tests of the paused form; young says so
     assert gc.isenabled() and not startup_gc.is_paused()
     yield
     startup_gc.resume("test teardown")
@@ -60,6 +60,15 @@ def test_young_mode_collects_young_cycles_and_never_scans_old_objects(monkeypatc
     startup_gc.resume("because")
     assert gc.get_threshold() == before and gc.isenabled()
     del keep
+
+
+def test_young_is_the_default_and_1_keeps_meaning_pause(monkeypatch):
+    from vllm_omni_edge.levers import startup_gc_mode
+
+    monkeypatch.delenv(STARTUP_GC_ENV)
+    assert startup_gc_mode() == "young"
+    monkeypatch.setenv(STARTUP_GC_ENV, "1")
+    assert startup_gc_mode() == "pause"
 
 
 def test_flag_off_leaves_collection_on(monkeypatch):
@@ -171,6 +180,6 @@ def test_only_a_server_start_pauses():
 
 def test_a_bad_flag_value_is_named_and_pauses_nothing(monkeypatch):
     monkeypatch.setenv(STARTUP_GC_ENV, "maybe")
-    with pytest.raises(SystemExit, match=f"vllm serve: {STARTUP_GC_ENV}='maybe': expected one of 1, pause, young, 0"):
+    with pytest.raises(SystemExit, match=f"vllm serve: {STARTUP_GC_ENV}='maybe': expected one of young, 1, pause, 0"):
         pause_collection_for_start("vllm serve")
     assert gc.isenabled() and not startup_gc.is_paused()

@@ -3,7 +3,8 @@
 vLLM 0.30 on CPU saved the artifact but failed to load it ("'function' object has no
 attribute 'finalize_loading'") and recompiled on every start; ``compile_cache_load``
 fixes the load; ``compile_warmup_tokens`` shortens the warm-up that follows;
-``isa_probe_memo`` answers inductor's ISA probes of the second start from the first's. Two compiled
+``isa_probe_memo`` answers inductor's ISA probes of the second start from the first's, and
+``precompiled_header_memo`` its precompiled-header path. Two compiled
 starts of the default model (~2.5 min): slow.
 """
 
@@ -28,11 +29,15 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
         assert worker["compile_warmup_tokens"] == 16  # compile_warmup_tokens, on by default
         assert not worker["inductor_cpp_wrapper"]  # the C++ wrapper is opt-in
         counts = {k: worker["compile_cache"][k] for k in ("aot_compiled", "aot_loaded")}
-        runs.append((run, counts, worker["isa_probes"]))
-    (first, first_cache, first_probes), (second, second_cache, second_probes) = runs
+        runs.append((run, counts, worker["isa_probes"], worker["precompiled_headers"]))
+    (first, first_cache, first_probes, first_pch), (second, second_cache, second_probes, second_pch) = runs
     assert first_cache == {"aot_compiled": 1, "aot_loaded": 0}, first.log
     assert second_cache == {"aot_compiled": 0, "aot_loaded": 1}, second.log
     assert "Compiling model again" not in second.log
     assert second.text == first.text and first.text
     assert first_probes["probed"] > 0 and first_probes["remembered"] == 0, first_probes
     assert second_probes == {"remembered": first_probes["probed"], "probed": 0}, second_probes
+    # The first start preprocessed the header (to compile its kernels); the second loads them
+    # with the header's path from the memo, and no preprocessor run.
+    assert first_pch["preprocessed"] > 0 and first_pch["remembered"] == 0, first_pch
+    assert second_pch == {"remembered": first_pch["preprocessed"], "preprocessed": 0}, second_pch

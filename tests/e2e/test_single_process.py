@@ -88,6 +88,7 @@ def test_collection_was_paused_for_the_start_and_is_on_when_serving(server):
     # load, on again after the server's own freeze_gc_heap.
     [worker] = evidence(server, "worker")
     assert worker["startup_gc"]["paused_now"] is True and worker["startup_gc"]["frozen_before_load"] > 0
+    assert worker["startup_gc"]["mode"] == "young"  # the default
     [process] = evidence(server, "process")
     assert process["patches"]["startup_gc"] == "applied"
     record = process["startup_gc"]
