@@ -4,8 +4,8 @@ vLLM 0.30 on CPU saved the artifact but failed to load it ("'function' object ha
 attribute 'finalize_loading'") and recompiled on every start; ``compile_cache_load``
 fixes the load; ``compile_warmup_tokens`` shortens the warm-up that follows;
 ``isa_probe_memo`` answers inductor's ISA probes of the second start from the first's, and
-``precompiled_header_memo`` its precompiled-header path, ``compile_key_prefetch`` triton's
-part of the compile key (when triton is installed). Two compiled
+``precompiled_header_memo`` its precompiled-header path, ``compile_key_prefetch`` (opt-in,
+switched on here) triton's part of the compile key. Two compiled
 starts of the default model (~2.5 min): slow.
 """
 
@@ -23,7 +23,8 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
     for start in ("first", "second"):
         run = run_probe(default_model, tmp_path / start, {"enforce_eager": False}, timeout=900,
                         VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
-                        VLLM_OMNI_EDGE_CACHE=str(tmp_path / "edge-cache"))
+                        VLLM_OMNI_EDGE_CACHE=str(tmp_path / "edge-cache"),
+                        VLLM_OMNI_EDGE_COMPILE_KEY_MEMO="1")
         assert run.returncode == 0, run.log
         [worker] = run.workers
         assert worker["compiled"], worker["compilation_mode"]

@@ -25,7 +25,7 @@ inherit the front end's environment).
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | garbage collection while `serve` starts: youngest generation only, frozen before the load (young); paused, one full collection before the load (pause or 1); CPython's throughout (0) | VLLM_OMNI_EDGE_STARTUP_GC=young/pause/1/0 | young | levers/startup_gc.py, patches/frontend/startup_gc.py |
 | inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
-| triton's part of inductor's compile cache key remembered across starts (stamped by its files); or hashed every start | VLLM_OMNI_EDGE_COMPILE_KEY_MEMO=1/0 | 1 | patches/worker/compile_key_prefetch.py |
+| triton's part of inductor's compile cache key remembered across starts (stamped by its files); or hashed every start (no start-up gain resolved: opt-in) | VLLM_OMNI_EDGE_COMPILE_KEY_MEMO=0/1 | 0 | patches/worker/compile_key_prefetch.py |
 | the path of inductor's precompiled C++ header remembered across starts; or preprocessed every start | VLLM_OMNI_EDGE_PCH_MEMO=1/0 | 1 | patches/worker/precompiled_header_memo.py |
 | a cpu_int4 checkpoint's SHA-256 check: once per file version (size, mtime, ctime, inode), or every start | VLLM_OMNI_EDGE_WEIGHTS_CHECK=once/always | once | quantization/manifest.py |
 | vLLM's renderer tokenizer pool: one deep copy up front, more only when threads use it at once; or vLLM's renderer_num_workers + 1 up front | VLLM_OMNI_EDGE_TOKENIZER_POOL=lazy/vllm | lazy | patches/frontend/tokenizer_pool.py |
@@ -95,7 +95,8 @@ def pch_memo_enabled() -> bool:
 
 
 def compile_key_memo_enabled() -> bool:
-    return _choice(COMPILE_KEY_MEMO_ENV, ("1", "0"), "1") == "1"
+    # Off by default: no start-up gain resolved (start-up-compile-key-memo: 1.03x, 0.87-1.38).
+    return _choice(COMPILE_KEY_MEMO_ENV, ("0", "1"), "0") == "1"
 
 
 def isa_probe_memo_enabled() -> bool:

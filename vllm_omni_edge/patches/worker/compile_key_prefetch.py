@@ -11,16 +11,20 @@ loaded, and on the start's critical path: ``triton_key`` reads and hashes the 47
 hashes torch's Python sources: 0.54 s and 0.19 s here, one core, warm page cache.
 Started before the model is built, the hashing (which releases the GIL) overlaps the
 load on the second core.
-Triton's key is also remembered across starts (``<cache>/inductor/compile_keys.json``),
+Opt-in, triton's key is also remembered across starts (``<cache>/inductor/compile_keys.json``),
 stamped with the size and mtime of every file it hashes (``libtriton.so``, the
 ``compiler``, ``backends`` and ``language`` sources, ``runtime/cache.py``, the package's
 ``__init__``) and the interpreter/torch stamp: a start with the same stamp sets the value
-(``triton_key.set``) instead of hashing; any other start hashes and writes it. On a 2-core
-box the background hashing still took a core from the load and the server's set-up at
-the same moment (py-spy of a warm compiled serve start: 1.1 s busy in ``triton_key``,
+(``triton_key.set``) instead of hashing; any other start hashes and writes it. The
+expectation was that on a 2-core box the background hashing takes a core from the load
+and the server's set-up (py-spy of a warm compiled serve start: 1.1 s busy in ``triton_key``,
 0.3 s CPU unprofiled). torch's own key (0.15 s) stays prefetched: stamping its 2,300
 sources costs about half of hashing them.
-Flag: ``VLLM_OMNI_EDGE_COMPILE_KEY_MEMO=0`` hashes triton every start (the A/B arm).
+Measured (``2026-12-02-start-up-compile-key-memo``, 5 interleaved passes, quiet Zen 5 box):
+no gain resolved, server start to first token 1.03x (0.87-1.38) with the memo: the hash
+releases the GIL and the second core was free for it. So it is opt-in.
+Flag: ``VLLM_OMNI_EDGE_COMPILE_KEY_MEMO=1`` remembers triton's key (default 0: hashed
+every start, as before).
 Verified by: tests/test_compile_key_prefetch.py (prefetch started only for a compiled
 model with the mega artifact; the key's values are the same as without it; a remembered
 key is set without hashing, a changed file or a corrupt memo hashes again); evidence
