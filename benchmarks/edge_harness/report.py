@@ -30,7 +30,20 @@ def load_artifacts(results_dir: Path) -> dict[str, Any]:
         summary = json.loads(summary_path.read_text())
     else:  # the run was cut short before writing it
         summary = summarise(passes, [a["name"] for a in grid["arms"]], grid["control"], grid["passes"])
-    return {"dir": results_dir, "provenance": provenance, "passes": passes, "grid": grid, "summary": summary}
+    primes = {r["arm"]: r for r in (json.loads(p.read_text())
+                                    for p in sorted((results_dir / "prime" / "passes").glob("*.json")))}
+    return {"dir": results_dir, "provenance": provenance, "passes": passes, "grid": grid, "summary": summary,
+            "primes": primes}
+
+
+def _prime_text(art: dict[str, Any]) -> str:
+    """Each primed arm's status, with why it was not ok: an invalid prime is often the start
+    that compiled, which the reader should see rather than take on trust."""
+    parts = []
+    for arm, status in art["provenance"]["primed"].items():
+        reasons = (art.get("primes", {}).get(arm) or {}).get("reasons") or []
+        parts.append(f"{arm} {status}" + (f" ({'; '.join(reasons[:2])})" if status != "ok" and reasons else ""))
+    return ", ".join(parts)
 
 
 def format_value(value: float, unit: str) -> str:
@@ -111,7 +124,7 @@ def _header(art: dict[str, Any]) -> list[str]:
         f"- passes: {grid['passes']} per arm, interleaved{' with rotating start' if grid.get('rotate_start') else ''}; "
         f"control: `{grid['control']}`",
         *([f"- primed (one unmeasured pass per vLLM arm before the passes): "
-           + ", ".join(f"{arm} {status}" for arm, status in prov["primed"].items())] if prov.get("primed") else []),
+           + _prime_text(art)] if prov.get("primed") else []),
         f"- run: {prov.get('started')} → {prov.get('finished')}; code {sha}",
         f"- packages: {packages}",
         f"- CPU: {cpu.get('model_name')}, {cpu.get('logical_cpus')} logical CPUs, "

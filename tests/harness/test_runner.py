@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.edge_harness import runner
 from benchmarks.edge_harness.grid import GridError, parse_grid
+from benchmarks.edge_harness.report import load_artifacts, render_markdown
 from tests.harness.conftest import fake_grid, grid_dict, quiet_options
 
 MIB = 1 << 20
@@ -219,3 +220,5 @@ def test_an_invalid_prime_does_not_stop_the_grid(tmp_path, fake_engine):
     summary, passes, out = run(tmp_path, grid)
     assert json.loads((out / "provenance.json").read_text())["primed"] == {"a": "ok", "b": "invalid"}
     assert passes["01-a"]["status"] == "ok" and passes["01-b"]["status"] == "invalid"
+    header = next(line for line in render_markdown(load_artifacts(out)).splitlines() if line.startswith("- primed"))
+    assert "a ok, b invalid (" in header and "no_such_key" in header  # the report says why
