@@ -1,7 +1,7 @@
 """Where a decode step's time goes: every process of a real vLLM run sampled with py-spy.
 
     python -m benchmarks.edge_harness.decode_profile [--model default:cpu_int4] [--layout three]
-        [--duration 30] [--rate 100] [--out DIR]
+        [--duration 30] [--rate 50] [--out DIR]
 
 Runs, in a fresh process tree:
 1. a *target*: this module with ``--target``, which builds ``vllm.LLM`` like a
@@ -198,6 +198,20 @@ def window_stats(steps: list[list], window: tuple[float, float]) -> dict[str, An
     }
 
 
+STRETCH_LIMIT = 2.0  # py-spy's cost beyond this makes the shares a picture of py-spy, not of vLLM
+
+
+def pyspy_stretch_warning(window: dict[str, Any], limit: float = STRETCH_LIMIT) -> str | None:
+    """A warning when sampling slowed decode by more than ``limit``: the shares per category
+    assume py-spy slows every category alike, which stops holding once it takes the cores."""
+    inside = window["decode_interval_in_window"]["mean_ms"]
+    outside = window["decode_interval_unprofiled"]["mean_ms"]
+    if not inside or not outside or inside / outside <= limit:
+        return None
+    return (f"py-spy stretched the decode step {inside / outside:.1f}x ({inside:.1f} vs {outside:.1f} ms "
+            f"unprofiled): the shares below are unreliable; lower --rate or trust the torch.profiler table")
+
+
 def _role(process: ProcessProfile, root_pid: int, roles: dict[int, str]) -> str:
     from benchmarks.edge_harness.ledger import canonical_role
 
@@ -261,6 +275,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         f"- {record['pyspy']['version']}: {record['pyspy']['rate_hz']} Hz, {record['pyspy']['summary']} "
         f"(window from {record['pyspy']['window_from']}).",
         f"- Load average before/after: {record['load_average_before']} / {record['load_average_after']}.",
+        *([f"- **{stretch}.**"] if (stretch := pyspy_stretch_warning(window)) else []),
         "",
         "## ms per token, main thread of each process",
         "",
@@ -499,6 +514,8 @@ def profile(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     record["steps"] = target["steps"]
     window = window_stats(target["steps"], (start, end))
     record["window"] = {**window, "start": start, "end": end}
+    if (stretch := pyspy_stretch_warning(window)) is not None:
+        record["warnings"].insert(0, stretch)
     if not window["covered"]:
         record["problems"].append("decode did not span the whole sampled window")
     if window["tokens"] < MIN_WINDOW_TOKENS:
@@ -561,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--gen-tokens", type=int, default=256, help="tokens per decode request (back to back)")
     parser.add_argument("--duration", type=int, default=30, help="seconds py-spy samples")
-    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--rate", type=int, default=50,
+                        help="py-spy samples per second (100 stretched a 2-core box's step 8-15x)")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of unprofiled decode before sampling")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds for vLLM to start and warm up")
     parser.add_argument("--attach-timeout", type=float, default=60.0,

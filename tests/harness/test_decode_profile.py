@@ -335,3 +335,23 @@ def test_orchestration_samples_a_whole_fake_tree(tmp_path, monkeypatch):
     # The window is the sampling itself, bounded by py-spy's own lines, not its launch.
     assert record["pyspy"]["window_from"] == "py-spy's output lines"
     assert 1.5 <= record["window"]["window_s"] < 10
+
+
+def _window(inside_ms, outside_ms):
+    return {"decode_interval_in_window": {"mean_ms": inside_ms, "n": 10},
+            "decode_interval_unprofiled": {"mean_ms": outside_ms, "n": 10}}
+
+
+def test_a_step_stretched_past_the_limit_is_flagged():
+    warning = decode_profile.pyspy_stretch_warning(_window(126.0, 8.6))
+    assert warning is not None and "14.7x" in warning and "unreliable" in warning
+    assert decode_profile.pyspy_stretch_warning(_window(30.0, 15.4)) is None  # 1.9x: shares still usable
+    assert decode_profile.pyspy_stretch_warning(_window(None, 8.6)) is None  # nothing to compare
+
+
+def test_the_rendered_profile_says_when_pyspy_took_over():
+    assert "py-spy stretched" not in decode_profile.render_markdown(_record({}))  # 49 vs 45 ms
+    record = _record({}, ms_per_token=126.0)
+    record["window"]["decode_interval_in_window"]["mean_ms"] = 126.0
+    text = decode_profile.render_markdown(record)
+    assert "py-spy stretched the decode step" in text
