@@ -514,8 +514,6 @@ def profile(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     record["steps"] = target["steps"]
     window = window_stats(target["steps"], (start, end))
     record["window"] = {**window, "start": start, "end": end}
-    if (stretch := pyspy_stretch_warning(window)) is not None:
-        record["warnings"].insert(0, stretch)
     if not window["covered"]:
         record["problems"].append("decode did not span the whole sampled window")
     if window["tokens"] < MIN_WINDOW_TOKENS:
