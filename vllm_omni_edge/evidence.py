@@ -330,6 +330,18 @@ def _unique_tensors(model):
         yield tensor
 
 
+def update_worker_evidence(**fields) -> Path | None:
+    """Rewrite fields of this process's worker record, if it wrote one (a start-up step that
+    finishes after the worker's record, e.g. the engine core's freeze)."""
+    out = evidence_dir()
+    path = out / f"worker-{os.getpid()}.json" if out is not None else None
+    if path is None or not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    record.update(fields)
+    return _write(path.name, record)
+
+
 def write_worker_evidence(worker) -> Path | None:
     record = collect_worker_evidence(worker)
     logger.info(

@@ -35,6 +35,7 @@ import time
 
 # Why automatic collection is on again; the evidence names it.
 RESUMED_SERVER_READY = "server ready (after vLLM's freeze_gc_heap)"
+RESUMED_ENGINE_READY = "engine core ready (after EngineCore's freeze_gc_heap)"
 RESUMED_PATCH_NOT_APPLIED = "the startup_gc patch is not in force"
 RESUMED_DEADLINE = "deadline: the server was not ready in time"
 
@@ -50,9 +51,11 @@ _deadline: threading.Timer | None = None
 _lock = threading.Lock()  # the deadline timer resumes from its own thread
 
 
-def pause(deadline_s: float = DEADLINE_S) -> bool:
+def pause(deadline_s: float = DEADLINE_S, paused_for: str = "server") -> bool:
     """Turn automatic collection off until :func:`resume` (at the latest after
-    ``deadline_s``), if the lever is on.
+    ``deadline_s``), if the lever is on. ``paused_for`` names the start held back: "server"
+    (the CLI's `serve`, resumed at server ready) or "engine" (an engine core built in this
+    process, patches/frontend/engine_start_gc.py, resumed when the engine core is ready).
 
     Returns whether this call paused it (False when the lever is off, or collection
     was already off, paused by us or by someone else whose choice we leave alone)."""
@@ -72,7 +75,7 @@ def pause(deadline_s: float = DEADLINE_S) -> bool:
         else:
             gc.disable()
         _paused_at = time.monotonic()
-        _record = {"paused": True, "mode": mode, "resumed_by": None}
+        _record = {"paused": True, "mode": mode, "paused_for": paused_for, "resumed_by": None}
         _deadline = threading.Timer(deadline_s, resume, args=(RESUMED_DEADLINE,))
         _deadline.daemon = True
         _deadline.start()
@@ -84,11 +87,14 @@ def is_paused() -> bool:
     return _paused_at is not None
 
 
-def resume(reason: str) -> dict | None:
-    """Turn automatic collection back on, if :func:`pause` turned it off; idempotent."""
+def resume(reason: str, only_if_paused_for: str | None = None) -> dict | None:
+    """Turn automatic collection back on, if :func:`pause` turned it off (for
+    ``only_if_paused_for``, when given); idempotent."""
     global _paused_at
     with _lock:
         if _paused_at is None:
+            return None
+        if only_if_paused_for is not None and _record.get("paused_for") != only_if_paused_for:
             return None
         _deadline.cancel()
         _restore_collection()

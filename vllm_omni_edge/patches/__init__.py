@@ -17,6 +17,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.inductor_cpp_wrapper",
     "vllm_omni_edge.patches.frontend.worker_in_engine_core",
     "vllm_omni_edge.patches.frontend.single_process",
+    "vllm_omni_edge.patches.frontend.engine_start_gc",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.compile_cache_load",
