@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.edge_harness.stats import OK, summarise
+from benchmarks.edge_harness.stats import OK, spread, summarise
 from benchmarks.edge_harness.sizes import format_mib
 
 ROLES_ORDER = ("frontend", "engine_core", "worker", "resource_tracker", "other", "harness_client")
@@ -254,6 +254,35 @@ def _ceiling_table(art: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _llamacpp_arms(art: dict[str, Any]) -> list[str]:
+    return [a["name"] for a in art["grid"]["arms"] if a.get("engine") == "llamacpp"]
+
+
+def _llamacpp_table(art: dict[str, Any]) -> list[str]:
+    """Each other arm's decode and prefill over each llama.cpp arm's, paired pass by pass."""
+    baselines = _llamacpp_arms(art)
+    if not baselines:
+        return []
+    arms = art["summary"]["arms"]
+    lines = ["## Against llama.cpp (arm/llama.cpp pass by pass: median, min–max, passes at or above 1.0)", "",
+             "| arm | figure | vs llama.cpp arm | ratio | passes ≥ 1.0 |", "|---|---|---|---|---|"]
+    for baseline in baselines:
+        for arm, table in arms.items():
+            if arm in baselines:
+                continue
+            for name, fig in table.items():
+                theirs = arms[baseline].get(name)
+                if fig["unit"] != "tok/s" or "(engine)" in name or theirs is None:
+                    continue
+                ratios = [ours / base for ours, base in zip(fig["values"], theirs["values"]) if base]
+                if len(ratios) != len(fig["values"]):
+                    continue  # a zero llama.cpp value has no ratio
+                ratio = spread(ratios)
+                at_parity = sum(r >= 1.0 for r in ratios)
+                lines.append(f"| {arm} | {name} | {baseline} | {_ratio_text(ratio)} | {at_parity} of {len(ratios)} |")
+    return lines + [""]
+
+
 def _agent_table(art: dict[str, Any]) -> list[str]:
     """Per agent task and arm: in how many passes it passed every check (detail is in the pass files)."""
     arms = [a["name"] for a in art["grid"]["arms"]]
@@ -291,6 +320,7 @@ def render_markdown(art: dict[str, Any]) -> str:
     lines = _header(art) + _arms_table(art)
     if art["summary"]["status"] == OK:
         lines += _figures_table(art)
+        lines += _llamacpp_table(art)
         lines += _agent_table(art)
         lines += _memory_table(art)
         lines += _ceiling_table(art)

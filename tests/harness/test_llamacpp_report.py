@@ -55,3 +55,24 @@ def test_ceiling_table_only_with_a_bandwidth_artifact(tmp_path):
     assert len(rows) == 2  # decode only: not the engine-timed duplicate, not prefill
     assert "| us | tg128 | 25.0 tok/s |" in rows[0] and "40.0 tok/s | 62% |" in rows[0]
     assert "| llama | tg128 | 100.0 tok/s |" in rows[1] and "100.0 tok/s | 100% |" in rows[1]
+
+
+def test_each_arm_against_llamacpp_pass_by_pass():
+    def fig(values):
+        return {"values": values, "median": sorted(values)[len(values) // 2], "unit": "tok/s"}
+
+    summary = {"arms": {
+        "control": {"tg128": fig([30.0, 30.0, 30.0]), "cold_start": {"values": [9.0, 9.0, 9.0], "unit": "s"}},
+        "us": {"tg128": fig([90.0, 120.0, 110.0]), "pp512": fig([500.0, 600.0, 700.0]),
+               "tg128 (engine)": fig([1.0, 1.0, 1.0])},
+        "llama": {"tg128": fig([100.0, 100.0, 100.0]), "tg128 (engine)": fig([2.0, 2.0, 2.0]),
+                  "pp512": fig([250.0, 0.0, 350.0])}}}
+    grid = {"arms": [{"name": "control", "engine": "vllm"}, {"name": "us", "engine": "vllm"},
+                     {"name": "llama", "engine": "llamacpp"}]}
+    lines = report._llamacpp_table({"summary": summary, "grid": grid})
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    # Paired by pass (0.9, 1.2, 1.1), not a ratio of medians; a zero llama.cpp pass leaves pp512 out;
+    # the engine-timed duplicate and non-rate figures are not compared.
+    assert rows == ["| control | tg128 | llama | 0.300× (0.300–0.300) | 0 of 3 |",
+                    "| us | tg128 | llama | 1.100× (0.900–1.200) | 2 of 3 |"]
+    assert report._llamacpp_table({"summary": summary, "grid": {"arms": grid["arms"][:2]}}) == []
