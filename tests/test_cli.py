@@ -110,10 +110,12 @@ def test_demo_refuses_unknown_weights():
         pull_demo_model("fp8", progress=None)
 
 
-def test_demo_weights_flag_defaults_to_cpu_int4():
+def test_demo_defaults_to_cpu_int4_compiled():
     from vllm_omni_edge.cli.main import build_parser
 
     assert build_parser().parse_args(["demo"]).weights == "cpu_int4"
+    assert build_parser().parse_args(["demo"]).compiled is True
+    assert build_parser().parse_args(["demo", "--eager"]).compiled is False
     assert build_parser().parse_args(["demo", "--weights", "bf16"]).weights == "bf16"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--weights", "fp8"])

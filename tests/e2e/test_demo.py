@@ -12,12 +12,12 @@ from tests.conftest import BIN, vllm_env
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_serves_the_default_model_cpu_int4_in_one_process_and_answers(default_model):
+def test_demo_serves_the_default_model_cpu_int4_compiled_in_one_process_and_answers(default_model):
     done = subprocess.run([str(BIN / "vllm-omni-edge"), "demo", "--max-tokens", "24"],
                           capture_output=True, text=True, timeout=900, env=vllm_env())
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    assert "(eager, one process, cpu_int4)" in out
+    assert "(compiled, one process, cpu_int4)" in out
     # The server's own kernel summary: every layer and the head on a 4-bit kernel, none on the fallback.
     kernels = re.search(r"cpu_int4: 121 layers, kernels (\{[^}]*\})", out)
     assert kernels, out[-3000:]

@@ -179,6 +179,9 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
              multi_process: bool = False, weights: str = "cpu_int4") -> DemoResult:
     """Serve the default model, ask ``question``, measure decode and memory, stop the server.
 
+    Compiled by default: on the AMX box cpu_int4 decodes 1.9x eager for ~1 s more of a warm start
+    (``2026-12-03-eager-prefill-amx-default``); the first start on a machine also compiles.
+
     One process by default (``serve --single-process``): on the AMX box it reached the first
     token in 0.39x the time of vLLM's three processes with 0.50x the tree PSS, decode 0.93x
     (0.85-1.19) (``2026-12-01-start-up-server-default``). ``multi_process`` keeps vLLM's layout.
@@ -200,6 +203,9 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
     layout = "vLLM's three processes" if multi_process else "one process"
     print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}, {layout}, "
           f"{weights}); log: {log}")
+    if compiled:
+        print("compiled: a machine's first start compiles the model (about a minute on 2 cores); later "
+              "starts load it from vLLM's cache (--eager skips compiling, at about half the decode speed)")
     server = ServerProcess(str(model), port, extra, log)
     try:
         startup = server.wait_ready(startup_timeout_s)
