@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import logging
 import subprocess
 import sys
@@ -85,12 +86,38 @@ def test_reserved_cores_user_setting_wins(monkeypatch):
     assert reserved_cores.default_reserved_cores(2) == 1  # measured, see the module
 
 
+LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS", "VLLM_OMNI_EDGE_WORKER_IN_ENGINE")
+
+
+@pytest.mark.parametrize("layout_env,value,reserved", [
+    (None, None, "1"),  # vLLM's three processes: the engine core polls beside the worker
+    ("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "0"),  # LLM() with the in-process engine
+    ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1", "0"),  # serve --single-process
+    ("VLLM_OMNI_EDGE_WORKER_IN_ENGINE", "1", "0"),
+])
+def test_reserved_cores_by_layout_on_two_cores(monkeypatch, layout_env, value, reserved):
+    for env in (reserved_cores.ENV, *LAYOUT_ENVS):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 2)
+    if layout_env:
+        monkeypatch.setenv(layout_env, value)
+    detail = reserved_cores.apply()
+    assert os.environ[reserved_cores.ENV] == reserved, detail
+    assert (reserved_cores.MEASUREMENT_ONE_PROCESS if layout_env else reserved_cores.MEASUREMENT) in detail
+
+
+def test_reserved_cores_user_setting_wins_in_one_process_too(monkeypatch):
+    monkeypatch.setenv("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1")
+    monkeypatch.setenv(reserved_cores.ENV, "1")
+    assert "set by the user" in reserved_cores.apply() and os.environ[reserved_cores.ENV] == "1"
+
+
 def test_reserved_cores_unmeasured_count_keeps_vllm_default(monkeypatch):
     monkeypatch.delenv(reserved_cores.ENV, raising=False)
+    for env in LAYOUT_ENVS:
+        monkeypatch.delenv(env, raising=False)
     monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 96)
     assert "vLLM's default kept" in reserved_cores.apply()
-    import os
-
     assert reserved_cores.ENV not in os.environ
 
 

@@ -11,9 +11,14 @@ its own, and with no reservation it competes with the worker's OpenMP threads.
 Measured (``MEASUREMENT``): decode with 0 reserved was 0.51x (0.42-0.59) of 1
 reserved; prefill 1.17x (0.76-2.04). So 2 cores keep vLLM's 1 reserved core,
 now as a measured choice. The table holds only core counts that were measured;
-for other counts vLLM's own default stands.
-Verified by: the harness grid ``benchmarks/edge_harness/grids/reserved-cores.yaml``
-(measurement quoted in ``MEASUREMENT``), and tests/test_patches.py (the worker's
+for other counts vLLM's own default stands. That reason holds only where an engine-core
+process polls beside the worker: in a layout whose model runs in the process that also runs
+the engine loop (``LLM()`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``serve --single-process``,
+the worker in the engine core) nothing polls, and the reserved core only idled half the box:
+the one-process server decoded 1.55x with 0 reserved (``MEASUREMENT_ONE_PROCESS``), so those
+layouts reserve 0.
+Verified by: the harness grids ``benchmarks/edge_harness/grids/reserved-cores.yaml`` and
+``reserved-cores-one-process.yaml`` (quoted in ``MEASUREMENT``, ``MEASUREMENT_ONE_PROCESS``), and tests/test_patches.py (the worker's
 OMP binding follows the chosen value; the user's setting always wins).
 Remove when: vLLM sizes its reservation by core count itself (not as of 0.30.0).
 """
@@ -34,13 +39,20 @@ MEASUREMENT = (
     "benchmarks/edge_harness/results/2026-11-30-reserved-cores: 2-core AVX2 EPYC, "
     "eager, SmolLM2-135M bf16, 3 interleaved passes; see docs/edge/reserved-cores.md"
 )
+# Layouts with no engine-core process beside the model: reserve nothing.
+ONE_PROCESS_RESERVED = 0
+MEASUREMENT_ONE_PROCESS = (
+    "benchmarks/edge_harness/results/2026-12-03-reserved-cores-one-process: 2-core AMX Xeon, "
+    "compiled, SmolLM2-135M cpu_int4, one-process server and LLM(), 1 reserved vs 0"
+)
 
 RECORD = PatchRecord(
     name="reserved_cores",
     target=f"env {ENV} (read by vllm/utils/ompmultiprocessing.py)",
     process=Process.FRONTEND,
     why="The reservation decides how many cores the model runs on; on small boxes it is "
-    "set from measurement (2 cores: 1 reserved, measured 2x decode vs 0).",
+    "set from measurement (2 cores: 1 reserved, measured 2x decode vs 0, in vLLM's three "
+    "processes; 0 where the model shares its process with the engine loop: 1.55x decode).",
     verified_by="harness grid reserved-cores.yaml; tests/test_patches.py checks the "
     "worker's binding and that a user setting wins.",
     remove_when="vLLM chooses its reservation from the core count itself.",
@@ -52,9 +64,27 @@ def default_reserved_cores(cores: int) -> int | None:
     return MEASURED_DEFAULTS.get(cores)
 
 
+def engine_loop_beside_the_model() -> str | None:
+    """The layout, when the model runs in the process of the engine loop (nothing polls on a
+    core of its own beside it), else None (vLLM's three processes)."""
+    from vllm_omni_edge.levers import single_process_enabled, worker_in_engine_enabled
+
+    if single_process_enabled():
+        return "one-process server"
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() in ("0", "false"):
+        return "in-process engine"
+    if worker_in_engine_enabled():
+        return "worker in the engine core"
+    return None
+
+
 def apply() -> str:
     if os.environ.get(ENV, "") != "":
         return f"{ENV}={os.environ[ENV]} set by the user; left alone"
+    layout = engine_loop_beside_the_model()
+    if layout is not None:
+        os.environ[ENV] = str(ONE_PROCESS_RESERVED)
+        return f"{layout}: reserving {ONE_PROCESS_RESERVED} ({MEASUREMENT_ONE_PROCESS})"
     cores = usable_cores()
     chosen = default_reserved_cores(cores)
     if chosen is None:
