@@ -219,6 +219,6 @@ def test_worker_in_engine_core_runs_the_model_in_two_processes(default_model, tm
     [worker] = run.workers
     assert worker["role"] == "EngineCore"  # the engine core built and ran the model itself
     assert worker["shm_reader_spin_s"] is None  # one process holds the model: no shm queue
-    reserved = reserved_cores.default_reserved_cores(usable_cores()) or 0
+    reserved = reserved_cores.ONE_PROCESS_RESERVED  # no engine-core process polls beside it
     assert worker["omp_num_threads"] == str(usable_cores() - reserved)
     assert worker["torch_threads"] == usable_cores() - reserved

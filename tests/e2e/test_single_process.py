@@ -78,7 +78,7 @@ def test_the_model_runs_in_the_api_server_process(server):
     [worker] = evidence(server, "worker")
     assert worker["pid"] == server.proc.pid  # the model was built and run by the server itself
     assert worker["kv_cache_bytes"] <= 192 << 20
-    reserved = reserved_cores.default_reserved_cores(usable_cores()) or 0
+    reserved = reserved_cores.ONE_PROCESS_RESERVED  # no engine-core process polls beside it
     assert worker["torch_threads"] == usable_cores() - reserved
     assert "the engine core and the model run in the API-server process" in server.log_tail(10_000)
 

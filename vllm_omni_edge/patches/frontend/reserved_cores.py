@@ -15,8 +15,8 @@ for other counts vLLM's own default stands. That reason holds only where an engi
 process polls beside the worker: in a layout whose model runs in the process that also runs
 the engine loop (``LLM()`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``serve --single-process``,
 the worker in the engine core) nothing polls, and the reserved core only idled half the box:
-the one-process server decoded 1.55x with 0 reserved (``MEASUREMENT_ONE_PROCESS``), so those
-layouts reserve 0.
+the one-process server ran its model on one core (``MEASUREMENT_ONE_PROCESS``), so those
+layouts reserve 0. (vLLM's in-process ``LLM()`` worker ran 2 threads with 1 reserved anyway.)
 Verified by: the harness grids ``benchmarks/edge_harness/grids/reserved-cores.yaml`` and
 ``reserved-cores-one-process.yaml`` (quoted in ``MEASUREMENT``, ``MEASUREMENT_ONE_PROCESS``), and tests/test_patches.py (the worker's
 OMP binding follows the chosen value; the user's setting always wins).
@@ -43,7 +43,7 @@ MEASUREMENT = (
 ONE_PROCESS_RESERVED = 0
 MEASUREMENT_ONE_PROCESS = (
     "benchmarks/edge_harness/results/2026-12-03-reserved-cores-one-process: 2-core AMX Xeon, "
-    "compiled, SmolLM2-135M cpu_int4, one-process server and LLM(), 1 reserved vs 0"
+    "compiled, SmolLM2-135M cpu_int4, one-process server, 1 reserved vs 0"
 )
 
 RECORD = PatchRecord(
