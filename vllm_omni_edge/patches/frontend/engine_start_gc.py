@@ -21,7 +21,6 @@ Remove when: vLLM pauses automatic collection during its own start-up (not as of
 from __future__ import annotations
 
 import multiprocessing
-import os
 
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
@@ -44,9 +43,11 @@ RECORD = PatchRecord(
 def builds_engine_core_here() -> bool:
     """This process will build an EngineCore: vLLM's engine-core child, or a front end whose
     engine runs in-process."""
+    from vllm_omni_edge.levers import in_process_engine
+
     if multiprocessing.parent_process() is not None:
         return multiprocessing.current_process().name.startswith(ENGINE_CORE_PROCESS)
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() in ("0", "false")
+    return in_process_engine()
 
 
 def wrap_engine_freeze(original):

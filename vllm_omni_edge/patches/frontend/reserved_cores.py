@@ -52,7 +52,7 @@ RECORD = PatchRecord(
     process=Process.FRONTEND,
     why="The reservation decides how many cores the model runs on; on small boxes it is "
     "set from measurement (2 cores: 1 reserved, measured 2x decode vs 0, in vLLM's three "
-    "processes; 0 where the model shares its process with the engine loop: 1.55x decode).",
+    "processes; 0 where the model shares its process with the engine loop: 1.42x decode on the one-process server).",
     verified_by="harness grid reserved-cores.yaml; tests/test_patches.py checks the "
     "worker's binding and that a user setting wins.",
     remove_when="vLLM chooses its reservation from the core count itself.",
@@ -67,11 +67,11 @@ def default_reserved_cores(cores: int) -> int | None:
 def engine_loop_beside_the_model() -> str | None:
     """The layout, when the model runs in the process of the engine loop (nothing polls on a
     core of its own beside it), else None (vLLM's three processes)."""
-    from vllm_omni_edge.levers import single_process_enabled, worker_in_engine_enabled
+    from vllm_omni_edge.levers import in_process_engine, single_process_enabled, worker_in_engine_enabled
 
     if single_process_enabled():
         return "one-process server"
-    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip().lower() in ("0", "false"):
+    if in_process_engine():
         return "in-process engine"
     if worker_in_engine_enabled():
         return "worker in the engine core"
