@@ -71,12 +71,6 @@ def _wrap_engine(module) -> None:
     wrap_method_once(module, "freeze_gc_heap", wrap_engine_freeze)
 
 
-def _wrap_worker(module) -> None:
-    from vllm_omni_edge.patches.frontend.startup_gc import wrap_init_device
-
-    wrap_method_once(module.CPUWorker, "init_device", wrap_init_device)
-
-
 def apply() -> str:
     from vllm_omni_edge.levers import startup_gc
 
@@ -87,5 +81,7 @@ def apply() -> str:
     if not startup_gc.pause(paused_for="engine"):
         return "collection left on (VLLM_OMNI_EDGE_STARTUP_GC=0, or already off)"
     when_imported(ENGINE_MODULE, _wrap_engine)
-    when_imported(WORKER_MODULE, _wrap_worker)
+    from vllm_omni_edge.patches.frontend.startup_gc import wrap_worker_init
+
+    when_imported(WORKER_MODULE, wrap_worker_init)
     return "collection held back until the engine core's freeze_gc_heap"

@@ -68,7 +68,8 @@ def _wrap(module) -> None:
     wrap_method_once(module, "freeze_gc_heap", wrap_freeze_gc_heap)
 
 
-def _wrap_worker(module) -> None:
+def wrap_worker_init(module) -> None:
+    """Collect once and freeze before the model load (also used by engine_start_gc)."""
     wrap_method_once(module.CPUWorker, "init_device", wrap_init_device)
 
 
@@ -88,5 +89,5 @@ def apply() -> str:
     if not startup_gc.is_paused():
         return "automatic collection is not paused in this process: nothing to resume"
     now = when_imported(TARGET_MODULE, _wrap)
-    when_imported(WORKER_MODULE, _wrap_worker)
+    when_imported(WORKER_MODULE, wrap_worker_init)
     return "automatic collection resumes after the server's freeze_gc_heap" + ("" if now else " (on import)")
