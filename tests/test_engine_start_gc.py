@@ -65,7 +65,8 @@ def test_llm_start_pauses_young_and_resumes_after_the_engine_cores_freeze(clean_
 
 def test_a_serve_start_keeps_its_own_pause_until_server_ready(clean_gc_state):
     assert startup_gc.pause()  # what the CLI does first for `serve`
-    assert "already held back" in patch.apply() and clean_gc_state == []
+    assert "already held back in this process for the server start" in patch.apply()
+    assert clean_gc_state == []
     patch.wrap_engine_freeze(lambda: None)()
     assert startup_gc.is_paused() and startup_gc.record()["paused_for"] == "server"
 
@@ -110,3 +111,28 @@ def test_no_worker_record_no_evidence_written(monkeypatch, tmp_path):
     monkeypatch.setenv(evidence.EVIDENCE_ENV, str(tmp_path))
     assert evidence.update_worker_evidence(startup_gc={}) is None
     assert not list(tmp_path.glob("worker-*.json"))
+
+
+def test_applying_twice_pauses_and_hooks_once(clean_gc_state):
+    patch.apply()
+    assert "already held back in this process for the engine start" in patch.apply()
+    assert clean_gc_state == [patch.ENGINE_MODULE, patch.WORKER_MODULE]  # hooked once
+    import types
+
+    calls = []
+    engine_module = types.SimpleNamespace(freeze_gc_heap=lambda: calls.append("vllm"))
+    patch._wrap_engine(engine_module)
+    wrapped = engine_module.freeze_gc_heap
+    patch._wrap_engine(engine_module)  # a second hook is a no-op
+    assert engine_module.freeze_gc_heap is wrapped
+    engine_module.freeze_gc_heap()
+    assert calls == ["vllm"] and not startup_gc.is_paused()
+
+
+def test_a_bad_flag_value_is_named_and_pauses_nothing(monkeypatch):
+    from vllm_omni_edge.levers import LeverFlagError
+
+    monkeypatch.setenv(STARTUP_GC_ENV, "maybe")
+    with pytest.raises(LeverFlagError, match=f"{STARTUP_GC_ENV}='maybe': expected one of young, 1, pause, 0"):
+        patch.apply()  # apply_patch_module records it as this patch's failure, naming the value
+    assert gc.isenabled() and not startup_gc.is_paused()

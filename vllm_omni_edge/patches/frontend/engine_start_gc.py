@@ -75,7 +75,8 @@ def apply() -> str:
     from vllm_omni_edge.levers import startup_gc
 
     if startup_gc.is_paused():
-        return "collection already held back in this process (serve's CLI): it resumes at server ready"
+        held_for = startup_gc.record().get("paused_for")
+        return f"collection already held back in this process for the {held_for} start; left as it is"
     if not builds_engine_core_here():
         return "no engine core is built in this process: collection left as it is"
     if not startup_gc.pause(paused_for="engine"):
