@@ -90,7 +90,8 @@ def test_explicit_budget_is_honoured_exactly():
 
 
 def test_budget_below_one_request_is_refused_naming_the_minimum():
-    minimum = SMOL.one_request_bytes(8192)
+    minimum = SMOL.pool_bytes(8192, 1)
+    assert minimum == SMOL.one_request_bytes(8192) + 128 * SMOL.bytes_per_token  # vLLM's null block
     with pytest.raises(kv.KVBudgetError, match=f"at least .*{minimum} B") as err:
         kv.decide(minimum - 1, SMOL, 8192, 1, 24 * GiB, "need")
     assert "max_model_len=8192" in str(err.value)
@@ -99,13 +100,13 @@ def test_budget_below_one_request_is_refused_naming_the_minimum():
 
 def test_default_budget_is_sized_from_need_and_capped():
     small = kv.decide(None, SMOL, 512, 4, 24 * GiB, "need")
-    assert small.budget_bytes == 4 * SMOL.one_request_bytes(512)  # under the cap: the need
+    assert small.budget_bytes == 4 * SMOL.one_request_bytes(512) + SMOL.block_bytes  # the need, null block too
     big = kv.decide(None, SMOL, 8192, 256, 24 * GiB, "need")
-    assert big.budget_bytes == GiB  # 256 x 8192 tokens would be ~47 GiB
-    tiny_box = kv.decide(None, SMOL, 8192, 256, 4 * GiB, "need")
-    assert tiny_box.budget_bytes == GiB // 2  # RAM/8
-    huge_ctx = kv.decide(None, SMOL, 131072, 8, 4 * GiB, "need")
-    assert huge_ctx.budget_bytes == SMOL.one_request_bytes(131072)  # never below one request
+    assert big.budget_bytes == 256 * MiB  # 256 x 8192 tokens would be ~47 GiB
+    tiny_box = kv.decide(None, SMOL, 512, 256, 1 * GiB, "need")
+    assert tiny_box.budget_bytes == GiB // 8  # RAM/8
+    huge_ctx = kv.decide(None, SMOL, 131072, 8, 1 * GiB, "need")
+    assert huge_ctx.budget_bytes == SMOL.pool_bytes(131072, 1)  # never below one request
     assert kv.decide(None, SMOL, 512, 4, 24 * GiB, "vllm").budget_bytes is None
 
 

@@ -82,7 +82,10 @@ def test_a_failing_patch_is_reported_not_raised(fresh_outcomes, monkeypatch):
 
 def test_reserved_cores_user_setting_wins(monkeypatch):
     monkeypatch.setenv(reserved_cores.ENV, "1")
-    assert "set by the user" in reserved_cores.apply()
+    monkeypatch.delenv(reserved_cores._CHOSEN_HERE, raising=False)
+    assert "already set; left alone" in reserved_cores.apply()
+    assert "set by the user" in reserved_cores.reserve_for_vllm_layout()
+    assert os.environ[reserved_cores.ENV] == "1"
     assert reserved_cores.default_reserved_cores(2) == 1  # measured, see the module
 
 
@@ -90,32 +93,48 @@ LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 
 
 @pytest.mark.parametrize("layout_env,value,reserved", [
-    (None, None, "1"),  # vLLM's three processes: the engine core polls beside the worker
-    ("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "0"),  # LLM() with the in-process engine
+    (None, None, "0"),  # the defaults: one-process server, LLM() in-process
+    ("VLLM_ENABLE_V1_MULTIPROCESSING", "1", "1"),  # vLLM's three processes: the engine core polls
+    ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "0", "1"),  # serve --multi-process
+    ("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "0"),  # LLM() with vLLM's in-process flag
     ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1", "0"),  # serve --single-process
     ("VLLM_OMNI_EDGE_WORKER_IN_ENGINE", "1", "0"),
 ])
 def test_reserved_cores_by_layout_on_two_cores(monkeypatch, layout_env, value, reserved):
-    for env in (reserved_cores.ENV, *LAYOUT_ENVS):
+    for env in (reserved_cores.ENV, reserved_cores._CHOSEN_HERE, *LAYOUT_ENVS):
         monkeypatch.delenv(env, raising=False)
     monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 2)
     if layout_env:
         monkeypatch.setenv(layout_env, value)
     detail = reserved_cores.apply()
     assert os.environ[reserved_cores.ENV] == reserved, detail
-    assert (reserved_cores.MEASUREMENT_ONE_PROCESS if layout_env else reserved_cores.MEASUREMENT) in detail
+    one_process = reserved == "0"
+    assert (reserved_cores.MEASUREMENT_ONE_PROCESS if one_process else reserved_cores.MEASUREMENT) in detail
+
+
+def test_reserved_cores_return_to_vllms_value_when_the_layout_falls_back(monkeypatch):
+    for env in (reserved_cores.ENV, reserved_cores._CHOSEN_HERE, *LAYOUT_ENVS):
+        monkeypatch.delenv(env, raising=False)
+    monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 2)
+    reserved_cores.apply()
+    assert os.environ[reserved_cores.ENV] == "0"
+    # e.g. tensor_parallel_size=2: vLLM's processes are spawned after all
+    assert reserved_cores.MEASUREMENT in reserved_cores.reserve_for_vllm_layout()
+    assert os.environ[reserved_cores.ENV] == "1"
 
 
 def test_reserved_cores_user_setting_wins_in_one_process_too(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1")
     monkeypatch.setenv(reserved_cores.ENV, "1")
-    assert "set by the user" in reserved_cores.apply() and os.environ[reserved_cores.ENV] == "1"
+    monkeypatch.delenv(reserved_cores._CHOSEN_HERE, raising=False)
+    assert "left alone" in reserved_cores.apply() and os.environ[reserved_cores.ENV] == "1"
 
 
 def test_reserved_cores_unmeasured_count_keeps_vllm_default(monkeypatch):
     monkeypatch.delenv(reserved_cores.ENV, raising=False)
     for env in LAYOUT_ENVS:
         monkeypatch.delenv(env, raising=False)
+    monkeypatch.setenv("VLLM_OMNI_EDGE_SINGLE_PROCESS", "0")  # a three-process layout
     monkeypatch.setattr(reserved_cores, "usable_cores", lambda: 96)
     assert "vLLM's default kept" in reserved_cores.apply()
     assert reserved_cores.ENV not in os.environ
@@ -149,12 +168,13 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
     from tests.e2e.probe import run_probe
 
     monkeypatch.delenv(reserved_cores.ENV, raising=False)
-    run = run_probe(default_model, tmp_path / "evidence")
+    # vLLM's layout, asked for by its own variable: front end, engine core, worker.
+    run = run_probe(default_model, tmp_path / "evidence", VLLM_ENABLE_V1_MULTIPROCESSING="1")
     assert run.returncode == 0, run.log
     assert "Paris" in run.text
 
     roles = {p["role"] for p in run.processes}
-    assert "frontend" in roles and len(run.processes) >= 3, roles  # front end, engine core, worker
+    assert "frontend" in roles and len(run.processes) >= 3, roles
     for proc in run.processes:
         bad = {k: v for k, v in proc["patches"].items() if v != "applied"}
         assert not bad, f"{proc['role']} (pid {proc['pid']}): {bad}"

@@ -19,11 +19,13 @@ from vllm_omni_edge.patches.frontend import single_process
 @pytest.fixture(autouse=True)
 def clean_layout_env(monkeypatch):
     for name in (SINGLE_PROCESS_ENV, WORKER_IN_ENGINE_ENV, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
-                 single_process.RESERVED_ENV):
+                 single_process.RESERVED_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(name, raising=False)
 
 
-def test_flag_is_off_by_default_and_refuses_garbage(monkeypatch):
+def test_one_process_is_the_default_and_garbage_is_refused(monkeypatch):
+    assert single_process_enabled() is True
+    monkeypatch.setenv(SINGLE_PROCESS_ENV, "0")
     assert single_process_enabled() is False
     monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
     assert single_process_enabled() is True
@@ -32,19 +34,30 @@ def test_flag_is_off_by_default_and_refuses_garbage(monkeypatch):
         single_process_enabled()
 
 
+@pytest.mark.parametrize("other_layout", [(WORKER_IN_ENGINE_ENV, "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "1")])
+def test_another_layout_asked_for_turns_the_default_off(monkeypatch, other_layout):
+    monkeypatch.setenv(*other_layout)
+    assert single_process_enabled() is False
+
+
 def test_one_process_and_two_processes_together_are_refused(monkeypatch):
     monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
     monkeypatch.setenv(WORKER_IN_ENGINE_ENV, "1")
     with pytest.raises(LeverFlagError, match=f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1"):
         single_process_enabled()
     with pytest.raises(serve.ServeSetupError, match="two different process layouts"):
-        serve._select_process_layout(single_process=False)
+        serve._select_process_layout(single_process=None)
 
 
-def test_serve_flag_is_ours_not_vllms(monkeypatch):
-    args, chosen = serve.take_single_process_flag(["model", "--single-process", "--port", "1"])
+def test_serve_flags_are_ours_not_vllms(monkeypatch):
+    args, chosen = serve.take_layout_flag(["model", "--single-process", "--port", "1"])
     assert (args, chosen) == (["model", "--port", "1"], True)
-    assert serve.take_single_process_flag(["model"]) == (["model"], False)
+    assert serve.take_layout_flag(["model", "--multi-process"]) == (["model"], False)
+    assert serve.take_layout_flag(["model"]) == (["model"], None)
+    with pytest.raises(serve.ServeSetupError, match="--single-process and --multi-process"):
+        serve.take_layout_flag(["model", "--multi-process", "--single-process"])
+    serve._select_process_layout(single_process=False)
+    assert single_process_enabled() is False
     serve._select_process_layout(single_process=True)
     assert single_process_enabled() is True
 
@@ -63,22 +76,30 @@ def test_what_one_process_cannot_serve_is_named():
     assert "3 API server processes" in message
 
 
-def test_without_the_flag_vllms_client_is_made_unchanged(monkeypatch):
-    calls = []
+def test_vllms_layout_when_asked_or_needed(monkeypatch):
+    calls, reserved = [], []
 
     def original(*args, **kwargs):
         calls.append((args, kwargs))
         return "vllm's client"
 
+    from vllm_omni_edge.patches.frontend import reserved_cores
+
+    monkeypatch.setattr(reserved_cores, "reserve_for_vllm_layout", lambda: reserved.append(1))
     make = single_process.wrap_make_async_mp_client(original)
+    monkeypatch.setenv(SINGLE_PROCESS_ENV, "0")  # --multi-process
     assert make("config", "executor", True, client_count=1, client_index=0, renderer=None) == "vllm's client"
     assert calls == [(("config", "executor", True),
                       {"client_addresses": None, "client_count": 1, "client_index": 0, "renderer": None})]
-    # With the flag, an unservable configuration is refused before anything is built.
+    # By default, a configuration one process cannot host gets vLLM's layout and its reserved core.
+    monkeypatch.delenv(SINGLE_PROCESS_ENV)
+    assert make(SimpleNamespace(parallel_config=parallel(world_size=2)), "executor", True) == "vllm's client"
+    assert len(calls) == 2 and reserved == [1]
+    # Asked for by name, it is refused before anything is built.
     monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
     with pytest.raises(single_process.SingleProcessConfigError):
         make(SimpleNamespace(parallel_config=parallel(world_size=2)), "executor", True)
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_model_cores_leave_the_reserved_ones(monkeypatch):

@@ -220,6 +220,11 @@ class Arm(_Strict):
     llamacpp: Optional[LlamaCppSettings] = Field(
         None, description="llama.cpp settings of a llamacpp arm (its model is a .gguf or an embedded model name)")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the pass process")
+    user_command: bool = Field(
+        False, description="measure exactly what a user types, with no environment flags: engine vllm runs "
+        "LLM(model=MODEL, **llm_kwargs), engine vllm-server runs `vllm serve MODEL --port P` plus the "
+        "llm_kwargs as flags (no served name, no prompt-token details); env must be empty; the pass "
+        "records the literal command")
     expect: dict[str, Any] = Field(
         default_factory=dict,
         description="dotted key of the worker evidence -> value ('192MiB', '~192MiB', '<=1GiB', false)",
@@ -277,6 +282,16 @@ class Arm(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _user_command_is_plain(self) -> "Arm":
+        if self.user_command:
+            if self.engine == "llamacpp":
+                raise ValueError("user_command is for engine vllm or vllm-server arms, not llamacpp")
+            if self.env:
+                raise ValueError(f"a user_command arm runs with no environment flags; remove env "
+                                 f"({', '.join(self.env)})")
+        return self
+
+    @model_validator(mode="after")
     def _server_flags_exist(self) -> "Arm":
         if self.engine == "vllm-server":
             from benchmarks.edge_harness.server_args import server_flags
@@ -328,6 +343,9 @@ class Grid(_Strict):
         if repeated:
             raise ValueError(f"workloads repeat the same measurement: {', '.join(repeated)}")
         for arm in self.arms:
+            if arm.user_command and arm.engine == "vllm-server" and any(w.kind == "agent" for w in self.workloads):
+                raise ValueError(f"arm {arm.name}: the agent workload needs extra server flags (a tool parser), "
+                                 "so a user_command server arm cannot run it")
             if arm.llamacpp is not None:
                 for workload in self.workloads:
                     if workload.context_tokens > arm.llamacpp.n_ctx:

@@ -39,6 +39,16 @@ def start_up_figures(timings: dict[str, float], load_name: str, load_s: float, l
             load_name: figure(load_s, "s", "lower", load_source)}
 
 
+def user_command_notes(environ: dict[str, str] | None = None) -> list[str]:
+    """A user_command arm sets no variable; name those it inherited from the harness's own
+    environment that change what vLLM or PyTorch do (the evidence directory aside)."""
+    from benchmarks.edge_harness.grid import EVIDENCE_ENV
+    from benchmarks.edge_harness.provenance import relevant_env
+
+    inherited = [name for name in relevant_env(environ) if name != EVIDENCE_ENV]
+    return [f"inherited from the harness's environment: {', '.join(inherited)}"] if inherited else []
+
+
 def run_workloads(workloads: list[dict[str, Any]], run_one: Callable[[dict[str, Any]], dict[str, Any]],
                   start_up: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Each workload's result, in order; ``cold_start`` reports the pass's start-up figures."""

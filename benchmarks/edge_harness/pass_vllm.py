@@ -22,7 +22,7 @@ from typing import Any
 from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.pass_common import figure as _figure
 from benchmarks.edge_harness.pass_common import run_workloads, start_up_figures, start_up_timings
-from benchmarks.edge_harness.pass_common import pass_main, timed_workload
+from benchmarks.edge_harness.pass_common import pass_main, timed_workload, user_command_notes
 from benchmarks.edge_harness.prompts import PromptBank
 
 ENGINE_DECODE = "engine timestamps: (n-1) / (last_token_ts - first_token_ts)"
@@ -148,6 +148,17 @@ def discarded_settings(llm_kwargs: dict[str, Any], resolved: dict[str, Any]) -> 
     ]
 
 
+def llm_arguments(spec: dict[str, Any]) -> dict[str, Any]:
+    """All the pass gives vllm.LLM(...): the arm's model and llm_kwargs, nothing more. The pass sets
+    no environment variable, thread count or seed either, so a user_command arm is measured as is."""
+    return {"model": spec["model"], **spec["llm_kwargs"]}
+
+
+def llm_command(arguments: dict[str, Any]) -> str:
+    """The constructor call as a person would write it: ``LLM(model='/path', max_model_len=512)``."""
+    return "LLM(" + ", ".join(f"{key}={value!r}" for key, value in arguments.items()) + ")"
+
+
 def _versions() -> dict[str, Any]:
     import torch
     import vllm
@@ -166,12 +177,14 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
     events = spec["events_path"]
     pass_events.emit(events, pass_events.STARTED)
     process_start = psutil.Process().create_time()
+    environ = dict(os.environ)  # before vLLM and the plugin set variables of their own here
 
     from vllm import LLM
 
     vllm_imported = time.time()
     constructor_start = time.perf_counter()
-    llm = LLM(model=spec["model"], **spec["llm_kwargs"])
+    arguments = llm_arguments(spec)
+    llm = LLM(**arguments)
     load_s = time.perf_counter() - constructor_start
     pass_events.emit(events, pass_events.ENGINE_READY)
 
@@ -200,6 +213,8 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         "pid": os.getpid(),
         "model": spec["model"],
         "llm_kwargs": spec["llm_kwargs"],
+        "command": llm_command(arguments),
+        "notes": user_command_notes(environ) if spec.get("user_command") else [],
         "frontend_config": frontend,
         "versions": _versions(),
         "timings": timings,

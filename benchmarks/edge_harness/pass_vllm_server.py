@@ -2,10 +2,11 @@
 
     python -m benchmarks.edge_harness.pass_vllm_server --spec spec.json --out result.json
 
-The pass process starts ``vllm-omni-edge serve <model>`` with the arm's
-``llm_kwargs`` as flags (server_args.py), so the runner's ledger sees the whole
-server tree (API server, engine core, worker) under the pass and the evidence
-directory reaches every server process through the environment. It waits for
+The pass process starts ``vllm-omni-edge serve <model>`` (a ``user_command`` arm:
+the stock ``vllm serve <model>``) with the arm's ``llm_kwargs`` as flags
+(server_args.py), so the runner's ledger sees the whole server tree (API server,
+engine core, worker) under the pass and the evidence directory reaches every
+server process through the environment. It waits for
 ``/health``, runs the workloads as a client, then stops the server with SIGINT
 and records its exit code. A server that exits before it is stopped makes the
 pass crash, like a dead worker in an LLM() pass.
@@ -21,6 +22,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from importlib import metadata
@@ -31,7 +33,7 @@ from benchmarks.edge_harness import pass_events
 from benchmarks.edge_harness.grid import EVIDENCE_ENV
 from benchmarks.edge_harness.ledger import HARNESS_CLIENT
 from benchmarks.edge_harness.pass_common import figure as _figure
-from benchmarks.edge_harness.pass_common import pass_main, run_workloads, start_up_figures
+from benchmarks.edge_harness.pass_common import pass_main, run_workloads, start_up_figures, user_command_notes
 
 SERVED_NAME = "edge-harness-model"
 READY_TIMEOUT_S = 900.0  # the runner's pass timeout is the real limit
@@ -47,6 +49,8 @@ ENGINE_INIT_SOURCE = ("server log: vLLM's 'init engine (profile, create kv cache
 STREAM_FIRST_TOKEN = "stream: request sent to first streamed token (HTTP, tokenisation, queueing, prefill)"
 STREAM_DECODE = "stream: (n-1) / (last streamed token - first streamed token), one request"
 STREAM_PREFILL = "stream: prompt tokens / time to first streamed token, one request with max_tokens=1"
+NO_CACHED_TOKENS = ("user_command: the server runs without --enable-prompt-tokens-details, so usage has no "
+                    "cached_tokens and no request was checked for prefix-cache hits")
 
 
 class ServerDied(RuntimeError):
@@ -67,6 +71,8 @@ def server_command_flags(spec: dict[str, Any]) -> list[str]:
     from benchmarks.edge_harness import agent
     from benchmarks.edge_harness.server_args import server_flags
 
+    if spec.get("user_command"):
+        return server_flags(spec["llm_kwargs"])  # what the user types; the grid refuses agent workloads here
     # Prompt token details carry cached_tokens: a timed prompt served from the
     # prefix cache would measure a lookup, so such a request is a problem.
     flags = server_flags(spec["llm_kwargs"]) + ["--served-model-name", SERVED_NAME, "--enable-prompt-tokens-details"]
@@ -75,13 +81,26 @@ def server_command_flags(spec: dict[str, Any]) -> list[str]:
     return flags
 
 
+def server_argv_prefix(spec: dict[str, Any]) -> list[str] | None:
+    """What comes before ``MODEL --port P``: the stock ``vllm serve`` console script (the one in
+    this interpreter's bin directory) for a user_command arm; None is ServerProcess's default,
+    ``python -m vllm_omni_edge.cli.main serve``."""
+    return [str(Path(sys.executable).with_name("vllm")), "serve"] if spec.get("user_command") else None
+
+
+def shell_command(argv: list[str]) -> str:
+    """``argv`` as a person would paste it, with the venv active: ``vllm serve /ckpt --port 8000``."""
+    return shlex.join([Path(argv[0]).name, *argv[1:]])
+
+
 class ServerPass:
     """Runs the workloads of one spec as a client of one running server."""
 
-    def __init__(self, server, bank):
+    def __init__(self, server, bank, model_name: str = SERVED_NAME):
         self.server = server
         self.base_url = server.base_url
         self.bank = bank
+        self.model_name = model_name  # what requests name as their model
         self.problems: list[str] = []
 
     def check_alive(self) -> None:
@@ -96,7 +115,7 @@ class ServerPass:
         async def one():
             client = server_load.make_client(self.base_url, SINGLE_REQUEST_TIMEOUT_S)
             try:
-                return await server_load.stream_completion(client, SERVED_NAME, 0, prompt, max_tokens,
+                return await server_load.stream_completion(client, self.model_name, 0, prompt, max_tokens,
                                                            SINGLE_REQUEST_TIMEOUT_S)
             finally:
                 await client.close()
@@ -151,7 +170,7 @@ class ServerPass:
         elif kind == "agent":
             from benchmarks.edge_harness import agent
 
-            outcome = agent.run_suite(self.base_url, SERVED_NAME, workload)
+            outcome = agent.run_suite(self.base_url, self.model_name, workload)
             self.problems += outcome.pop("problems")
             result["agent"] = outcome
             result["figures"] = agent.agent_figures(label, outcome["tasks"])
@@ -176,7 +195,7 @@ class ServerPass:
         prompts = [self.prompt(n) for n in lengths]  # built before the clock starts
         before = self.metrics_counter(server_load.PREEMPTIONS_METRIC)
         load = asyncio.run(server_load.run_load(
-            self.base_url, SERVED_NAME, prompts, workload["gen_tokens"], workload["clients"],
+            self.base_url, self.model_name, prompts, workload["gen_tokens"], workload["clients"],
             workload["request_timeout_s"], workload.get("duration_s"),
         ))
         self.check_alive()
@@ -206,13 +225,13 @@ def logged_engine_init_s(log_text: str) -> float | None:
     return float(found[0]) if len(found) == 1 else None
 
 
-def _served_model(base_url: str) -> dict[str, Any]:
+def _served_model(base_url: str, name: str) -> dict[str, Any]:
     import httpx
 
     response = httpx.get(base_url + "/v1/models", timeout=30)
     response.raise_for_status()
     models = response.json()["data"]
-    return next((m for m in models if m["id"] == SERVED_NAME), models[0] if models else {})
+    return next((m for m in models if m["id"] == name), models[0] if models else {})
 
 
 def _versions() -> dict[str, Any]:
@@ -238,9 +257,12 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
     process_start = psutil.Process().create_time()
     write_client_evidence()
     flags = server_command_flags(spec)
+    user_command = bool(spec.get("user_command"))
+    environ = dict(os.environ)
     pass_dir = Path(events).parent
     spawn = time.time()
-    server = ServerProcess(spec["model"], free_port(), flags, pass_dir / "server.log", env=dict(os.environ))
+    server = ServerProcess(spec["model"], free_port(), flags, pass_dir / "server.log", env=environ,
+                           argv_prefix=server_argv_prefix(spec))
     stopped_code = None
     try:
         try:
@@ -249,7 +271,9 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
             print(f"server log tail:\n{server.log_tail(40)}", flush=True)
             raise
         pass_events.emit(events, pass_events.ENGINE_READY)
-        client = ServerPass(server, bank=None)
+        # vLLM serves a model under its MODEL argument unless told a name. The first request uses
+        # that; asking /v1/models first would add a round trip to the cold start.
+        client = ServerPass(server, bank=None, model_name=spec["model"] if user_command else SERVED_NAME)
         first = client.single(FIRST_PROMPT, 1, "first request")
         first_token_t = pass_events.emit(events, pass_events.FIRST_TOKEN)
         timings = {
@@ -259,7 +283,8 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
             "server_spawn_to_first_token_s": first_token_t - spawn,
             "first_request_s": first["done_t"] - first["sent_t"],
         }
-        served = _served_model(server.base_url)
+        served = _served_model(server.base_url, client.model_name)
+        client.model_name = served.get("id", client.model_name)  # the name the server reports, from here on
         limit = spec["llm_kwargs"].get("max_model_len")
         if limit is not None and served.get("max_model_len") != limit:
             client.problems.append(f"server reports max_model_len={served.get('max_model_len')!r}, "
@@ -299,8 +324,10 @@ def run_pass(spec: dict[str, Any]) -> dict[str, Any]:
         "pid": os.getpid(),
         "model": spec["model"],
         "llm_kwargs": spec["llm_kwargs"],
-        "server": {"command_flags": flags, "served_model": served, "pid": server.proc.pid,
-                   "exit_code_after_stop": stopped_code, "log": str(server.log_path)},
+        "command": shell_command(server.proc.args),
+        "notes": [NO_CACHED_TOKENS, *user_command_notes(environ)] if user_command else [],
+        "server": {"command_flags": flags, "argv": server.proc.args, "served_model": served,
+                   "pid": server.proc.pid, "exit_code_after_stop": stopped_code, "log": str(server.log_path)},
         "frontend_config": {"max_model_len": served.get("max_model_len"),
                             "enforce_eager": spec["llm_kwargs"].get("enforce_eager")},
         "versions": _versions(),

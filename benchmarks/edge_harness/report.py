@@ -17,6 +17,9 @@ from benchmarks.edge_harness.stats import OK, spread, summarise
 from benchmarks.edge_harness.sizes import format_mib
 
 ROLES_ORDER = ("frontend", "engine_core", "worker", "resource_tracker", "other", "harness_client")
+USER_MARK = "†"
+USER_MARK_TEXT = (f"{USER_MARK} user_command arm: its figures come from the user's literal command (below the "
+                  "Arms table), with no environment flags and no harness flags")
 
 
 def load_artifacts(results_dir: Path) -> dict[str, Any]:
@@ -135,6 +138,27 @@ def _header(art: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _user_arms(art: dict[str, Any]) -> list[str]:
+    return [a["name"] for a in art["grid"]["arms"] if a.get("user_command")]
+
+
+def _arm_label(art: dict[str, Any], arm: str) -> str:
+    return f"{arm} {USER_MARK}" if arm in _user_arms(art) else arm
+
+
+def _user_commands(art: dict[str, Any]) -> list[str]:
+    """Each user_command arm's command as its first pass ran it, and the notes its passes left."""
+    lines = []
+    for arm in _user_arms(art):
+        results = [r["result"] for r in art["passes"] if r["arm"] == arm and r.get("result")]
+        first = next((r for r in results if r.get("command")), None)
+        lines.append(f"- {arm}: " + (f"`{first['command']}` (as pass {first['pass_index']} ran it)"
+                                      if first else "no pass recorded its command"))
+        notes = dict.fromkeys(note for r in results for note in r.get("notes") or [])
+        lines += [f"  - note: {note}" for note in notes]
+    return ["", USER_MARK_TEXT + ":", "", *lines] if lines else []
+
+
 def _arms_table(art: dict[str, Any]) -> list[str]:
     lines = ["## Arms: what each asked for", "", "| arm | engine | model | llm_kwargs | env | expect |",
              "|---|---|---|---|---|---|"]
@@ -142,10 +166,11 @@ def _arms_table(art: dict[str, Any]) -> list[str]:
         def inline(mapping: dict) -> str:
             return ", ".join(f"{k}={v}" for k, v in mapping.items()) or "—"
 
-        lines.append(f"| {arm['name']}{' (control)' if arm['name'] == art['grid']['control'] else ''} | "
+        control = " (control)" if arm["name"] == art["grid"]["control"] else ""
+        lines.append(f"| {_arm_label(art, arm['name'])}{control} | "
                      f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'] or arm.get('llamacpp') or {})} | {inline(arm['env'])} | "
                      f"{inline(arm['expect'])} |")
-    return lines + [""]
+    return lines + _user_commands(art) + [""]
 
 
 def _refusal(summary: dict[str, Any]) -> list[str]:
@@ -163,12 +188,12 @@ def _figures_table(art: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for arm, table in summary["arms"].items():
-        backend = backend_of_arm(passes, arm)
+        backend, label = backend_of_arm(passes, arm), _arm_label(art, arm)
         for name, fig in table.items():
             unit = fig["unit"]
             backend, shown = "", backend  # once per arm, on its first row
             lines.append(
-                f"| {arm} | {name} ({'↑' if fig['better'] == 'higher' else '↓'}) | {format_value(fig['median'], unit)} | "
+                f"| {label} | {name} ({'↑' if fig['better'] == 'higher' else '↓'}) | {format_value(fig['median'], unit)} | "
                 f"{format_value(fig['min'], unit)} – {format_value(fig['max'], unit)} | "
                 f"{_ratio_text(fig.get('ratio_vs_control')) if arm != summary['control'] else 'control'} | {shown} |"
             )
@@ -177,6 +202,8 @@ def _figures_table(art: dict[str, Any]) -> list[str]:
     lines += [f"- {name}: {source}" for name, source in sources]
     for note in summary.get("notes", []):
         lines.append(f"- note: {note}")
+    if _user_arms(art):
+        lines += ["", USER_MARK_TEXT + "."]
     return lines + [""]
 
 
@@ -279,7 +306,8 @@ def _llamacpp_table(art: dict[str, Any]) -> list[str]:
                     continue  # a zero llama.cpp value has no ratio
                 ratio = spread(ratios)
                 at_parity = sum(r >= 1.0 for r in ratios)
-                lines.append(f"| {arm} | {name} | {baseline} | {_ratio_text(ratio)} | {at_parity} of {len(ratios)} |")
+                lines.append(f"| {_arm_label(art, arm)} | {name} | {baseline} | {_ratio_text(ratio)} | "
+                             f"{at_parity} of {len(ratios)} |")
     return lines + [""]
 
 

@@ -202,6 +202,7 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         "seq": scheduled.seq,
         "model": resolve_arm_model(arm),
         "llm_kwargs": arm.llm_kwargs,
+        "user_command": arm.user_command,
         "workloads": [{**w.model_dump(), "label": w.label} for w in grid.workloads],
         "events_path": str(pass_dir / "events.jsonl"),
     }

@@ -39,7 +39,7 @@ def test_env_budget_that_contradicts_the_argument_is_refused(default_model, tmp_
 
 
 def test_budget_too_small_for_max_model_len_names_the_minimum(default_model, tmp_path):
-    minimum = kv.KVShape(30 * 2 * 3 * 64 * 2, 128).one_request_bytes(512)
+    minimum = kv.KVShape(30 * 2 * 3 * 64 * 2, 128).pool_bytes(512, 1)
     run = run_probe(default_model, tmp_path / "ev", {"kv_cache_memory_bytes": 1 << 20},
                     timeout=180)
     assert run.returncode != 0 and not run.workers

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from benchmarks.edge_harness import pass_events
+from benchmarks.edge_harness.pass_common import user_command_notes
+from benchmarks.edge_harness.pass_vllm import llm_arguments, llm_command
 
 BLOCK_ROUNDING = 0.996  # a KV budget is allocated in whole blocks, slightly under the request
 
@@ -90,6 +92,8 @@ def run(spec: dict, out: Path) -> int:
         "pass_index": spec["pass_index"],
         "versions": {"cpu_capability": "FAKE"},
         "frontend_config": {"enforce_eager": kwargs.get("enforce_eager")},
+        "command": llm_command(llm_arguments(spec)),
+        "notes": user_command_notes(dict(os.environ)) if spec.get("user_command") else [],
         "workloads": [
             {"kind": "decode", "label": "tg16", "params": {},
              "figures": {"tg16": {"value": tok_s, "unit": "tok/s", "better": "higher", "source": "fake"}}},

@@ -71,12 +71,14 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 30) -> int | Non
 class ServerProcess:
     """A ``vllm-omni-edge serve`` child in its own session, so it can be stopped whole."""
 
-    def __init__(self, model: str, port: int, extra_args: list[str], log_path: Path, env=None):
+    def __init__(self, model: str, port: int, extra_args: list[str], log_path: Path, env=None,
+                 argv_prefix: list[str] | None = None):
         self.port = port
         self.log_path = log_path
         self._log = open(log_path, "wb")
-        cmd = [sys.executable, "-m", "vllm_omni_edge.cli.main", "serve", model,
-               "--port", str(port), *extra_args]
+        if argv_prefix is None:
+            argv_prefix = [sys.executable, "-m", "vllm_omni_edge.cli.main", "serve"]
+        cmd = [*argv_prefix, model, "--port", str(port), *extra_args]
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env=env,
@@ -178,12 +180,11 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
              multi_process: bool = False, weights: str = "cpu_int4") -> DemoResult:
     """Serve the default model, ask ``question``, measure decode and memory, stop the server.
 
-    Compiled by default: on the AMX box cpu_int4 decodes 1.9x eager for ~1 s more of a warm start
-    (``2026-12-03-eager-prefill-amx-default``); the first start on a machine also compiles.
+    Compiled by default, as ``vllm serve`` is: compiled decode is faster for about a second more of
+    a warm start (docs/edge/results.md); the first start on a machine also compiles.
 
-    One process by default (``serve --single-process``): on the AMX box it reached the first
-    token in 0.39x the time of vLLM's three processes with 0.50x the tree PSS, decode 0.93x
-    (0.85-1.19) (``2026-12-01-start-up-server-default``). ``multi_process`` keeps vLLM's layout.
+    The server's defaults throughout (one process, edge serving defaults); ``multi_process``
+    keeps vLLM's layout.
     """
     from tqdm import tqdm
 
@@ -193,12 +194,12 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
 
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="edge-demo-")) / "server.log"
-    extra = ["--served-model-name", SERVED_NAME, "--max-model-len", "2048",
-             "--kv-cache-memory-bytes", "256M", "--disable-uvicorn-access-log"]
+    # The serving defaults a user gets (cli/serving_defaults.py); only the name is ours.
+    extra = ["--served-model-name", SERVED_NAME, "--disable-uvicorn-access-log"]
     if not compiled:
         extra.append("--enforce-eager")
-    if not multi_process:
-        extra.append("--single-process")
+    if multi_process:
+        extra.append("--multi-process")
     layout = "vLLM's three processes" if multi_process else "one process"
     print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}, {layout}, "
           f"{weights}); log: {log}")

@@ -6,9 +6,10 @@ named, refuse bad request bodies before vLLM parses them (``request_guard``), fa
 one line when the port is taken, and exit non-zero when the engine dies (so a
 supervisor restarts the server). Every other argument goes to vLLM unchanged.
 
-``--single-process`` (ours, not vLLM's) runs the engine core and the model on a
-thread of the API-server process instead of two child processes
-(``VLLM_OMNI_EDGE_SINGLE_PROCESS=1``; patches/frontend/single_process.py).
+The engine core and the model run on a thread of the API-server process by default
+(patches/frontend/single_process.py); ``--multi-process`` (ours, not vLLM's) keeps vLLM's
+three processes, ``--single-process`` insists on one. ``max_model_len`` and
+``max_num_seqs`` get edge defaults (cli/serving_defaults.py), stated in one line at start.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import socket
 import sys
 from pathlib import Path
 
+from vllm_omni_edge.cli.serving_defaults import has_option
 from vllm_omni_edge.cli.vllm_entry import asks_for_help
 
 VLLM_DEFAULT_PORT = 8000
 REQUEST_GUARD = "vllm_omni_edge.cli.request_guard.RequestGuard"
 SINGLE_PROCESS_FLAG = "--single-process"
+MULTI_PROCESS_FLAG = "--multi-process"
 
 
 class ModelNotFoundError(SystemExit):
@@ -63,10 +66,6 @@ def check_local_model(model: str) -> None:
     )
 
 
-def _has_option(args: list[str], option: str) -> bool:
-    return any(a == option or a.startswith(option + "=") for a in args)
-
-
 def _option_value(args: list[str], option: str) -> str | None:
     """The last value given for ``--option value`` or ``--option=value`` (argparse's rule)."""
     value = None
@@ -103,7 +102,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _check_listen_address(args: list[str]) -> None:
-    if _has_option(args, "--uds"):
+    if has_option(args, "--uds"):
         return
     raw_port = _option_value(args, "--port")
     try:
@@ -152,28 +151,45 @@ def edge_serve_argv(args: list[str]) -> list[str]:
         args.insert(0, str(pull_default_model()))
     elif not asks_for_help(args):
         check_local_model(model)
-    if not _has_option(args, "--host"):
+    if not has_option(args, "--host"):
         args += ["--host", "127.0.0.1"]
     args += ["--middleware", REQUEST_GUARD]
     return ["vllm", "serve", *args]
 
 
-def take_single_process_flag(args: list[str]) -> tuple[list[str], bool]:
-    """``args`` without ``--single-process``, and whether it was given."""
-    kept = [a for a in args if a != SINGLE_PROCESS_FLAG]
-    return kept, len(kept) != len(args)
+def take_layout_flag(args: list[str]) -> tuple[list[str], bool | None]:
+    """``args`` without our layout flags, and True (``--single-process``), False
+    (``--multi-process``) or None (neither: the default, one process when it can)."""
+    single, multi = SINGLE_PROCESS_FLAG in args, MULTI_PROCESS_FLAG in args
+    if single and multi:
+        raise ServeSetupError(f"vllm-omni-edge serve: {SINGLE_PROCESS_FLAG} and {MULTI_PROCESS_FLAG} "
+                              "ask for two layouts; give one")
+    kept = [a for a in args if a not in (SINGLE_PROCESS_FLAG, MULTI_PROCESS_FLAG)]
+    return kept, True if single else False if multi else None
 
 
-def _select_process_layout(single_process: bool) -> None:
+def _select_process_layout(single_process: bool | None) -> None:
     """Set the layout flag before vLLM is imported; refuse a contradictory pair of flags."""
     from vllm_omni_edge.levers import SINGLE_PROCESS_ENV, LeverFlagError, single_process_enabled
 
-    if single_process:
-        os.environ[SINGLE_PROCESS_ENV] = "1"
+    if single_process is not None:
+        os.environ[SINGLE_PROCESS_ENV] = "1" if single_process else "0"
     try:
         single_process_enabled()
     except LeverFlagError as err:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
+
+
+def state_serving_defaults(args: list[str], program: str) -> list[str]:
+    """``vllm serve`` arguments with the edge defaults, printed in one line (layout included)."""
+    from vllm_omni_edge.cli.serving_defaults import with_serving_defaults
+    from vllm_omni_edge.levers import single_process_enabled
+
+    args, line = with_serving_defaults(args, _named_model(args))
+    layout = ("one process (--multi-process for vLLM's three)" if single_process_enabled()
+              else "vLLM's three processes")
+    print(f"{program}: {line}; {layout}", file=sys.stderr, flush=True)
+    return args
 
 
 def _select_plugins(model: str | None) -> None:
@@ -190,14 +206,15 @@ def _select_plugins(model: str | None) -> None:
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main, pause_collection_for_start
 
-    args, single_process = take_single_process_flag(args)
+    args, single_process = take_layout_flag(args)
     argv = edge_serve_argv(args)  # may build the default model: not paused for that
     if not asks_for_help(args):
         # Before the first heavy import (plugin selection's transformers).
         pause_collection_for_start("vllm-omni-edge serve")
         _select_process_layout(single_process)
+        argv = ["vllm", "serve", *state_serving_defaults(argv[2:], "vllm-omni-edge serve")]
         _check_request_limit()
         _check_listen_address(argv[2:])
         _select_plugins(_named_model(argv[2:]))
     sys.argv = argv
-    return vllm_main()  # exits non-zero if the engine died (vllm_entry.main)
+    return vllm_main(serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)

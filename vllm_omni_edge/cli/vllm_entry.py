@@ -2,7 +2,9 @@
 
 Besides the version lookup fix, it exits non-zero when the server stopped because
 the engine died (patches/frontend/engine_death_exit.py), for plain ``vllm serve``
-as for ``vllm-omni-edge serve``, so a supervisor restarts either.
+as for ``vllm-omni-edge serve``, so a supervisor restarts either. ``vllm serve`` gets the
+same edge serving defaults as ``vllm-omni-edge serve`` (cli/serving_defaults.py), stated in
+one line; the user's flags win.
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 import sys
 
 
-def main() -> int | None:
+def main(serving_defaults: bool = True) -> int | None:
+    """``serving_defaults=False``: the caller (``vllm-omni-edge serve``) applied them already."""
     from vllm_omni_edge.patches import apply_cli_patches
     from vllm_omni_edge.patches.early import install_interpreter_hooks
     from vllm_omni_edge.patches.frontend.startup_gc import resume_unless_in_force
 
     if starts_a_server(sys.argv[1:]):
         pause_collection_for_start("vllm serve")
+        if serving_defaults:
+            from vllm_omni_edge.cli.serve import state_serving_defaults
+
+            sys.argv[2:] = state_serving_defaults(sys.argv[2:], "vllm serve")
     install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
     resume_unless_in_force()  # nothing would turn collection back on

@@ -13,7 +13,8 @@ inherit the front end's environment).
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
-| process layout: engine core and model on a thread of the API server (one process) | VLLM_OMNI_EDGE_SINGLE_PROCESS=0/1 | 0 | patches/frontend/single_process.py |
+| process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
+| process layout of `LLM()`: engine and model in the calling process, or vLLM's (also chosen for tensor/pipeline/data parallel) | VLLM_ENABLE_V1_MULTIPROCESSING unset / 1 (vLLM's own variable) | in-process | patches/frontend/llm_in_process.py |
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
 | random sampling (temperature > 0) on CPU: eager draw, or vLLM's inductor-compiled one | VLLM_OMNI_EDGE_EAGER_SAMPLER=1/0 | 1 | patches/worker/cpu_random_sample.py |
@@ -178,17 +179,42 @@ def worker_in_engine_enabled() -> bool:
     return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"
 
 
+VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
 def in_process_engine() -> bool:
-    """vLLM's own ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM reads it as an int): ``LLM()`` runs
-    its engine core in the calling process."""
-    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0"
+    """The user set vLLM's own ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM reads it as an int):
+    ``LLM()`` runs its engine core in the calling process."""
+    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == "0"
+
+
+def vllm_layout_requested() -> bool:
+    """The user set ``VLLM_ENABLE_V1_MULTIPROCESSING=1``: vLLM's own process layout, for
+    ``LLM()`` and the server alike."""
+    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == "1"
+
+
+def llm_in_process_default() -> bool:
+    """``LLM()`` runs its engine and model in the calling process unless the user set vLLM's
+    multiprocessing variable or asked for the two-process layout (the configuration may still
+    need vLLM's layout: llm_in_process)."""
+    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == "" and not worker_in_engine_enabled()
 
 
 def single_process_enabled() -> bool:
-    """The one-process server layout; it and the two-process layout exclude each other."""
-    enabled = _choice(SINGLE_PROCESS_ENV, ("0", "1"), "0") == "1"
+    """The one-process server layout: on unless set to 0, or another layout was asked for
+    (the two-process layout, or vLLM's by ``VLLM_ENABLE_V1_MULTIPROCESSING=1``)."""
+    raw = os.environ.get(SINGLE_PROCESS_ENV, "").strip()
+    if raw == "":
+        return not (worker_in_engine_enabled() or vllm_layout_requested())
+    enabled = _choice(SINGLE_PROCESS_ENV, ("0", "1"), "1") == "1"
     if enabled and worker_in_engine_enabled():
         raise LeverFlagError(
             f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1 ask for two different process "
             "layouts (one process vs. two); set only one of them")
     return enabled
+
+
+def single_process_asked() -> bool:
+    """The user asked for the one-process server by name (``--single-process`` or the flag =1)."""
+    return os.environ.get(SINGLE_PROCESS_ENV, "").strip() == "1"

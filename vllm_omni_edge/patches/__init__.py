@@ -14,9 +14,11 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
+    "vllm_omni_edge.patches.worker.kv_default_exact",
     "vllm_omni_edge.patches.frontend.inductor_cpp_wrapper",
     "vllm_omni_edge.patches.frontend.worker_in_engine_core",
     "vllm_omni_edge.patches.frontend.single_process",
+    "vllm_omni_edge.patches.frontend.llm_in_process",
     "vllm_omni_edge.patches.frontend.engine_start_gc",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",

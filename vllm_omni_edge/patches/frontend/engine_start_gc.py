@@ -1,7 +1,8 @@
 """Hold automatic garbage collection back while an engine core starts, outside `serve` too.
 
 What: in a process that is about to build vLLM's ``EngineCore`` (an ``LLM()`` with the
-in-process engine, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, or vLLM's engine-core child), the
+in-process engine: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, or by default from ``llm_in_process``
+when it builds the engine; or vLLM's engine-core child), the
 plugin's load pauses automatic collection the way ``serve`` does (``levers.startup_gc``,
 young mode by default), ``CPUWorker.init_device`` collects once and freezes before the model
 load (the ``startup_gc`` patch's wrapper, shared), and the engine core's own
@@ -79,6 +80,14 @@ def apply() -> str:
         return f"collection already held back in this process for the {held_for} start; left as it is"
     if not builds_engine_core_here():
         return "no engine core is built in this process: collection left as it is"
+    return hold_collection_for_engine_start()
+
+
+def hold_collection_for_engine_start() -> str:
+    """Pause collection until the engine core's freeze; also called by ``llm_in_process`` when
+    it chooses the in-process engine (after the plugin loaded)."""
+    from vllm_omni_edge.levers import startup_gc
+
     if not startup_gc.pause(paused_for="engine"):
         return "collection left on (VLLM_OMNI_EDGE_STARTUP_GC=0, or already off)"
     when_imported(ENGINE_MODULE, _wrap_engine)

@@ -43,11 +43,15 @@ def apply() -> str:
         from vllm_omni_edge.levers import kv_default_mode
         from vllm_omni_edge.levers import kv_budget as kv
         from vllm_omni_edge.log import get_logger
+        from vllm_omni_edge.patches.worker.kv_default_exact import NEED_SIZED_ATTR
 
         cache = vllm_config.cache_config
-        explicit = cache.kv_cache_memory_bytes
+        # A budget this wrapper sized on an earlier call is ours, not the user's.
+        sized_before = getattr(cache, NEED_SIZED_ATTR, False)
+        explicit = None if sized_before else cache.kv_cache_memory_bytes
         kv.reconcile_explicit_and_env(explicit, kv.env_kvcache_space_bytes())
         original(cls, vllm_config)  # may copy the (equal) env value into the config
+        given = None if sized_before else cache.kv_cache_memory_bytes
         if vllm_config.model_config is None:
             return
         try:
@@ -58,7 +62,7 @@ def apply() -> str:
                 "vLLM's own sizing applies", exc)
             return
         decision = kv.decide(
-            cache.kv_cache_memory_bytes,
+            given,
             shape,
             vllm_config.model_config.max_model_len,
             vllm_config.scheduler_config.max_num_seqs,
@@ -67,6 +71,8 @@ def apply() -> str:
         )
         if decision.budget_bytes is not None:
             cache.kv_cache_memory_bytes = decision.budget_bytes
+        # The engine core sizes a need-sized default again from the layers' KV specs.
+        setattr(cache, NEED_SIZED_ATTR, given is None and decision.budget_bytes is not None)
         get_logger("kv_budget").info("KV cache budget: %s", decision.reason)
 
     check_and_update_config.__edge_wrapped__ = True

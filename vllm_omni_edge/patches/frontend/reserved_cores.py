@@ -70,7 +70,7 @@ def engine_loop_beside_the_model() -> str | None:
     from vllm_omni_edge.levers import in_process_engine, single_process_enabled, worker_in_engine_enabled
 
     if single_process_enabled():
-        return "one-process server"
+        return "one process (the server's default; LLM() runs in-process by default too)"
     if in_process_engine():
         return "in-process engine"
     if worker_in_engine_enabled():
@@ -78,16 +78,36 @@ def engine_loop_beside_the_model() -> str | None:
     return None
 
 
+# Set when this module chose the value (not the user), so a later switch of layout may change it.
+_CHOSEN_HERE = "VLLM_OMNI_EDGE_RESERVED_CPU_CHOSEN"
+
+
+def reserve_for_vllm_layout() -> str:
+    """Before vLLM's own processes are spawned in a process that expected one process (the
+    configuration needed vLLM's layout): the three-process value, unless the user set one.
+    Called by the layout patches (single_process, llm_in_process) when they fall back."""
+    if os.environ.get(_CHOSEN_HERE) != "1":
+        return f"{ENV}={os.environ.get(ENV, '')!r} set by the user; left alone"
+    return _reserve_for_three_processes()
+
+
 def apply() -> str:
     if os.environ.get(ENV, "") != "":
-        return f"{ENV}={os.environ[ENV]} set by the user; left alone"
+        # The user's, or a parent process's choice that this child inherited.
+        return f"{ENV}={os.environ[ENV]} already set; left alone"
+    os.environ[_CHOSEN_HERE] = "1"
     layout = engine_loop_beside_the_model()
     if layout is not None:
         os.environ[ENV] = str(ONE_PROCESS_RESERVED)
         return f"{layout}: reserving {ONE_PROCESS_RESERVED} ({MEASUREMENT_ONE_PROCESS})"
+    return _reserve_for_three_processes()
+
+
+def _reserve_for_three_processes() -> str:
     cores = usable_cores()
     chosen = default_reserved_cores(cores)
     if chosen is None:
+        os.environ.pop(ENV, None)
         return f"{cores} cores: no measurement for this count; vLLM's default kept"
     os.environ[ENV] = str(chosen)
     return f"{cores} cores: reserving {chosen} ({MEASUREMENT})"

@@ -1,12 +1,15 @@
-"""Serve from one process: the engine core and the model on a thread of the API server (opt-in).
+"""Serve from one process: the engine core and the model on a thread of the API server.
 
-What: with ``VLLM_OMNI_EDGE_SINGLE_PROCESS=1`` (``vllm-omni-edge serve
---single-process``), wraps ``EngineCoreClient.make_async_mp_client`` (what
+What: by default (``VLLM_OMNI_EDGE_SINGLE_PROCESS`` unset or 1; ``vllm-omni-edge serve
+--multi-process``, ``VLLM_OMNI_EDGE_SINGLE_PROCESS=0`` or ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
+keep vLLM's layout), wraps ``EngineCoreClient.make_async_mp_client`` (what
 ``AsyncLLM`` calls to start its engine) to return ``InProcessAsyncClient``
 (``in_process_engine.py``): vLLM's ``EngineCoreProc`` busy loop on a background
 thread of this process, running the model through ``UniProcExecutor`` with the
 model's cores bound on that thread. Nothing is spawned. The design and why a thread
-(not stepping from the event loop) are in ``in_process_engine.py``.
+(not stepping from the event loop) are in ``in_process_engine.py``. A configuration one
+process cannot host (tensor/pipeline/data parallel, several API servers) gets vLLM's layout,
+with a log line naming why, unless the user asked for one process by name: then it is refused.
 Why: ``vllm serve`` on CPU runs three processes (API server, engine core, worker),
 each a whole torch+vLLM runtime (~600 MiB PSS here), and pays two IPC hops plus a
 polling engine core per decode step on a 2-core box. vLLM 0.30 refuses an
@@ -37,7 +40,7 @@ RECORD = PatchRecord(
     name="single_process",
     target="vllm.v1.engine.core_client.EngineCoreClient.make_async_mp_client",
     process=Process.FRONTEND,
-    why="Opt-in single-process server: AsyncLLM's engine core and the model run on a thread of "
+    why="The default server layout, one process: AsyncLLM's engine core and the model run on a thread of "
     "the API server (vLLM's EngineCoreProc loop over in-process queues, UniProcExecutor), "
     "saving two torch+vLLM runtimes and the IPC hops of each step.",
     verified_by="tests/e2e/test_single_process.py (one process, model in the API server, "
@@ -70,8 +73,8 @@ def model_cores() -> list[int] | None:
     return [int(c) for c in binding["GOMP_CPU_AFFINITY"].split()]
 
 
-def check_servable(parallel_config, client_count: int) -> None:
-    """Refuse, naming the setting, what a single process cannot serve."""
+def unservable(parallel_config, client_count: int) -> list[str]:
+    """What in this configuration one process cannot host (empty: it can)."""
     problems = []
     if parallel_config.world_size != 1:
         problems.append(f"world size {parallel_config.world_size} (tensor/pipeline parallel)")
@@ -81,6 +84,12 @@ def check_servable(parallel_config, client_count: int) -> None:
         problems.append(f"{client_count} API server processes (--api-server-count)")
     if getattr(parallel_config, "enable_fault_tolerance", False):
         problems.append("enable_fault_tolerance")
+    return problems
+
+
+def check_servable(parallel_config, client_count: int) -> None:
+    """Refuse, naming the setting, what a single process cannot serve."""
+    problems = unservable(parallel_config, client_count)
     if problems:
         raise SingleProcessConfigError(
             "VLLM_OMNI_EDGE_SINGLE_PROCESS=1 serves one engine with one worker in the API-server "
@@ -91,10 +100,24 @@ def check_servable(parallel_config, client_count: int) -> None:
 def wrap_make_async_mp_client(original):
     def make_async_mp_client(vllm_config, executor_class, log_stats, client_addresses=None,
                              client_count=1, client_index=0, renderer=None):
-        if not enabled():
+        def vllm_layout():
             return original(vllm_config, executor_class, log_stats, client_addresses=client_addresses,
                             client_count=client_count, client_index=client_index, renderer=renderer)
-        check_servable(vllm_config.parallel_config, client_count)
+
+        if not enabled():
+            return vllm_layout()
+        from vllm_omni_edge.levers import single_process_asked
+
+        if single_process_asked():
+            check_servable(vllm_config.parallel_config, client_count)
+        elif problems := unservable(vllm_config.parallel_config, client_count):
+            from vllm_omni_edge.log import get_logger
+            from vllm_omni_edge.patches.frontend.reserved_cores import reserve_for_vllm_layout
+
+            get_logger("single_process").info(
+                "vLLM's process layout: one process cannot host %s", ", ".join(problems))
+            reserve_for_vllm_layout()
+            return vllm_layout()
         from vllm_omni_edge.patches.frontend.in_process_engine import InProcessAsyncClient
 
         # The executor class AsyncLLM chose (MultiprocExecutor on CPU) is not used:
@@ -115,5 +138,5 @@ def apply() -> str:
     # The client module is imported by AsyncLLM; importing it here would cost
     # every vLLM process (engine core, workers) its import for nothing.
     now = when_imported(TARGET_MODULE, _wrap)
-    return ("EngineCoreClient.make_async_mp_client: in-process engine when "
-            "VLLM_OMNI_EDGE_SINGLE_PROCESS=1" + ("" if now else " (on import)"))
+    return ("EngineCoreClient.make_async_mp_client: in-process engine unless "
+            "VLLM_OMNI_EDGE_SINGLE_PROCESS=0" + ("" if now else " (on import)"))

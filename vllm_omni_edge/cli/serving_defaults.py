@@ -1,0 +1,63 @@
+"""Edge defaults for ``vllm serve`` and ``vllm-omni-edge serve``, and the one line that states them.
+
+vLLM sizes a server for a GPU: the model's whole context (8192 tokens on SmolLM2, 32768 on
+Qwen2.5-Coder) times 128 sequences (``max_num_seqs`` for the OpenAI server), which on CPU
+becomes the capped need-sized KV cache and a compile for 8192-token batches. On an edge box one
+or two clients talk to the model; these defaults keep a long context and two concurrent
+streams, so the need-sized KV cache (``levers/kv_budget.py``) stays near what the demo's
+measured one-process layout holds. The user's own flags always win.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EDGE_MAX_MODEL_LEN = 4096
+EDGE_MAX_NUM_SEQS = 2
+# vLLM derives the context limit from the smallest of these config keys (ModelConfig).
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "max_sequence_length", "max_seq_length", "seq_len", "model_max_length")
+
+
+def has_option(args: list[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in args)
+
+
+def model_context_limit(model: str) -> int | None:
+    """The smallest context length a local HF checkpoint's config declares, or None."""
+    config_path = Path(model).expanduser() / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return None
+    sections = [config] + [config[k] for k in ("text_config", "llm_config") if isinstance(config.get(k), dict)]
+    found = [s[k] for s in sections for k in _LENGTH_KEYS if isinstance(s.get(k), int) and s[k] > 0]
+    return min(found) if found else None
+
+
+def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str], str]:
+    """``args`` with the edge defaults the user did not set, and the line that states them."""
+    args = list(args)
+    said = []
+    if has_option(args, "--max-model-len"):
+        said.append("max_model_len yours")
+    else:
+        limit = model_context_limit(model) if model else None
+        if limit is not None and limit > EDGE_MAX_MODEL_LEN:
+            args += ["--max-model-len", str(EDGE_MAX_MODEL_LEN)]
+            said.append(f"max_model_len {EDGE_MAX_MODEL_LEN} (the model allows {limit})")
+        else:
+            said.append("max_model_len the model's" + (f" ({limit})" if limit else ""))
+    if has_option(args, "--max-num-seqs"):
+        said.append("max_num_seqs yours")
+    else:
+        args += ["--max-num-seqs", str(EDGE_MAX_NUM_SEQS)]
+        said.append(f"max_num_seqs {EDGE_MAX_NUM_SEQS}")
+    said.append("KV cache " + ("yours" if has_option(args, "--kv-cache-memory-bytes") else "sized from need"))
+    if has_option(args, "--enforce-eager"):
+        said.append("eager")
+    else:
+        said.append("compiled (a machine's first start compiles, about a minute on 2 cores; later starts "
+                    "load it; --enforce-eager skips)")
+    return args, "serving defaults: " + ", ".join(said) + "; flags you give win"
