@@ -218,7 +218,7 @@ def test_import_hook_runs_after_first_import_and_at_once_when_loaded(tmp_path, m
 
 
 def test_engine_core_thread_binding_leaves_the_reserved_cores():
-    from vllm_omni_edge.patches.frontend.worker_in_engine_core import engine_thread_binding
+    from vllm_omni_edge.engine.cores import engine_thread_binding
 
     assert engine_thread_binding([0, 1], 1) == {"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "0"}
     assert engine_thread_binding([0, 1, 2, 3], 0) == {"OMP_NUM_THREADS": "4", "GOMP_CPU_AFFINITY": "0 1 2 3"}

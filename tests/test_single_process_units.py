@@ -13,13 +13,14 @@ from vllm_omni_edge.levers import (
     LeverFlagError,
     single_process_enabled,
 )
+from vllm_omni_edge.engine import cores
 from vllm_omni_edge.patches.frontend import single_process
 
 
 @pytest.fixture(autouse=True)
 def clean_layout_env(monkeypatch):
     for name in (SINGLE_PROCESS_ENV, WORKER_IN_ENGINE_ENV, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
-                 single_process.RESERVED_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
+                 cores.RESERVED_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -103,11 +104,12 @@ def test_vllms_layout_when_asked_or_needed(monkeypatch):
 
 
 def test_model_cores_leave_the_reserved_ones(monkeypatch):
-    monkeypatch.setattr(single_process.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    monkeypatch.setattr(single_process, "usable_cores", lambda: 4)
-    monkeypatch.setenv(single_process.RESERVED_ENV, "1")
-    assert single_process.model_cores() == [0, 1, 2]
-    monkeypatch.setenv(single_process.RESERVED_ENV, "0")
-    assert single_process.model_cores() == [0, 1, 2, 3]
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    monkeypatch.setattr(cores, "usable_cores", lambda: 4)
+    monkeypatch.setenv(cores.RESERVED_ENV, "1")
+    assert cores.model_cores() == [0, 1, 2]
+    monkeypatch.setenv(cores.RESERVED_ENV, "0")
+    assert cores.model_cores() == [0, 1, 2, 3]
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert single_process.model_cores() is None  # the user's own binding wins
+    assert cores.model_cores() is None  # the user's own binding wins
+

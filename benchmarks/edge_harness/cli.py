@@ -2,6 +2,7 @@
 
     edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--prime] [--keep-going]
     edge-harness report DIR
+    edge-harness standing [--update FILE]
 """
 
 from __future__ import annotations
@@ -43,7 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--resummarise", action="store_true",
                         help="recompute summary.json from the pass records first (figures added to the harness "
                              "since the run, e.g. tree PSS workload peak); the pass records are not touched")
+    standing = commands.add_parser(
+        "standing", help="the current-standing table from the runs listed in docs/edge/standing-runs.txt")
+    standing.add_argument("--update", type=Path, metavar="FILE",
+                          help="rewrite the table between the standing markers in FILE (e.g. README.md)")
     return parser
+
+
+def _standing(args: argparse.Namespace) -> int:
+    from benchmarks.edge_harness import standing
+
+    try:
+        table = standing.render(standing.listed_runs())
+        if args.update:
+            changed = standing.update(args.update, table)
+            print(f"{args.update}: {'updated' if changed else 'already current'}")
+        else:
+            print(table)
+    except (standing.StandingError, FileNotFoundError) as error:
+        print(f"edge-harness standing: {error}", file=sys.stderr)
+        return EXIT_NOT_OK
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -80,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "standing":
+            return _standing(args)
         from benchmarks.edge_harness.report import load_artifacts, resummarise, write_report
 
         if args.resummarise:

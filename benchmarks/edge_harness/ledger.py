@@ -25,43 +25,12 @@ from typing import Any
 
 import psutil
 
-FIELDS = ("pss", "pss_anon", "pss_file", "pss_shmem", "uss", "rss", "swap_pss")
+from vllm_omni_edge.memory import FIELDS, parse_kb_lines, parse_smaps_rollup, tree_total  # noqa: F401
+
 # A pass process that only drives a server (pass_vllm_server) says so in its
 # evidence; it is listed per process but is not part of the engine's tree totals.
 HARNESS_CLIENT = "harness_client"
 STEADY_SAMPLES = 5  # ~1 s at the default interval: the last samples before the workloads end
-_KB_LINE = re.compile(r"^(\w+):\s+(\d+)\s+kB\s*$")
-
-
-def parse_kb_lines(text: str) -> dict[str, int]:
-    """``Name:   123 kB`` lines (smaps_rollup, status) as bytes, keyed by name."""
-    values = {}
-    for line in text.splitlines():
-        match = _KB_LINE.match(line.strip())
-        if match:
-            values[match.group(1)] = int(match.group(2)) * 1024
-    return values
-
-
-def parse_smaps_rollup(text: str) -> dict[str, int | None] | None:
-    """Memory of one process from its smaps_rollup text; None if it has no mappings.
-
-    Kernels before 5.7 have no Pss_Anon/Pss_File/Pss_Shmem: those are None, not 0,
-    so a missing split is never reported as "no anonymous memory".
-    """
-    kb = parse_kb_lines(text)
-    if "Pss" not in kb:
-        return None  # zombie or kernel thread: empty rollup
-    private = [kb.get("Private_Clean"), kb.get("Private_Dirty")]
-    return {
-        "pss": kb["Pss"],
-        "pss_anon": kb.get("Pss_Anon"),
-        "pss_file": kb.get("Pss_File"),
-        "pss_shmem": kb.get("Pss_Shmem"),
-        "uss": None if None in private else sum(private) + kb.get("Private_Hugetlb", 0),
-        "rss": kb.get("Rss"),
-        "swap_pss": kb.get("SwapPss"),
-    }
 
 
 def canonical_role(text: str, is_root: bool = False) -> str:
@@ -167,15 +136,6 @@ class MemoryLedger:
 
     def alive_pids(self) -> list[int]:
         return [pid for pid, handle in self._handles.items() if handle.is_running()]
-
-
-def tree_total(procs: dict[int, dict]) -> dict[str, int | None]:
-    """Sum one sample's per-process records; a field unknown for any process is None."""
-    total: dict[str, int | None] = {}
-    for name in FIELDS:
-        values = [record[name] for record in procs.values()]
-        total[name] = None if not values or None in values else sum(values)
-    return total
 
 
 def _steady_times(samples: list[dict[str, Any]], workloads_done_t: float | None) -> set[float]:

@@ -27,6 +27,7 @@ VALUE_FLAGS = (
     "block_size",
     "seed",
     "max_logprobs",
+    "stream_interval",
 )
 JSON_FLAGS = ("compilation_config",)  # a dict on LLM(...), a JSON string on the command line
 # The pass sets these itself; an arm must not.

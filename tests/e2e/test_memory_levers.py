@@ -6,6 +6,7 @@ import psutil
 import pytest
 
 from tests.e2e.probe import run_probe
+from vllm_omni_edge.cpu_features import usable_cores
 from vllm_omni_edge.levers import kv_budget as kv
 
 pytestmark = pytest.mark.e2e
@@ -23,6 +24,21 @@ def test_default_budget_and_rope_cap_reach_the_worker(default_model, tmp_path, m
     assert worker["kv_cache_memory_bytes_requested"] == expected.budget_bytes
     assert worker["kv_cache_bytes"] == expected.budget_bytes  # 4 whole requests, whole blocks
     assert [r["rows"] for r in worker["rope"]] == [512]
+
+
+@pytest.mark.parametrize("max_model_len", [512, 1000])
+def test_stock_llm_with_no_budget_answers_in_one_process(default_model, tmp_path, monkeypatch, max_model_len):
+    """LLM(model, max_model_len=N) as a user writes it: no budget, no max_num_seqs, no flags."""
+    monkeypatch.delenv(kv.ENV_KVCACHE_SPACE, raising=False)
+    run = run_probe(default_model, tmp_path / "ev", {"kv_cache_memory_bytes": None, "enforce_eager": None,
+                                                     "max_model_len": max_model_len})
+    assert run.returncode == 0, run.log
+    assert "Paris" in run.text
+    assert [p["role"] for p in run.processes] == ["frontend"]  # in-process by default
+    [worker] = run.workers
+    shape = kv.KVShape(30 * 2 * 3 * 64 * 2, 128)
+    assert worker["kv_cache_bytes"] >= shape.pool_bytes(max_model_len, 1)  # one request and the null block
+    assert worker["torch_threads"] == usable_cores()  # the model gets every core
 
 
 def test_rope_cap_off_keeps_vllms_table(default_model, tmp_path):

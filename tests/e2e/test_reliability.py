@@ -2,10 +2,12 @@
 
 Two servers, each started once for its group of tests (a start costs ~60 s here):
 
-- ``keyed_server``: bf16, ``--api-key`` on the command line. Security defaults, every
-  bad input, a client killed mid-stream, a second server on its port.
-- ``env_keyed_server``: cpu_int4 quantized at load, key from ``VLLM_API_KEY``. The key
-  is checked, then its worker is killed mid-stream (the last test of the module).
+- ``keyed_server``: bf16, ``--api-key`` on the command line, the default layout (one
+  process). Security defaults, every bad input, a client killed mid-stream, a second
+  server on its port. (An engine fault in the default layout: test_single_process.py.)
+- ``env_keyed_server``: cpu_int4 quantized at load, key from ``VLLM_API_KEY``, vLLM's
+  layout (``--multi-process``). The key is checked, then its worker is killed
+  mid-stream (the last test of the module).
 
 With ``EDGE_RELIABILITY_OUT=<file.json>`` the statuses, messages and times seen are
 written there; docs/edge/reliability.md quotes such a file.
@@ -75,7 +77,7 @@ def keyed_server(default_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def env_keyed_server(default_model, tmp_path_factory):
     srv = start_server(default_model, tmp_path_factory.mktemp("env-keyed"), "env-keyed",
-                       ["--quantization", "cpu_int4"], VLLM_API_KEY=ENV_KEY)
+                       ["--quantization", "cpu_int4", "--multi-process"], VLLM_API_KEY=ENV_KEY)
     yield srv
     srv.stop()
     assert ENV_KEY not in log_text(srv), f"the API key is in the server log {srv.log_path}"

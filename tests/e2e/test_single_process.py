@@ -1,4 +1,4 @@
-"""The OpenAI server in one process (``vllm-omni-edge serve --single-process``).
+"""The OpenAI server in one process: the default layout (no layout flag given).
 
 One server serves the module's tests (a start costs ~60 s here); the engine-fault
 test starts its own, through ``fault_injected_serve.py``, because it kills it.
@@ -31,8 +31,9 @@ from vllm_omni_edge.models.default_model import SMOKE_QUESTION
 
 pytestmark = pytest.mark.e2e
 
-SINGLE_PROCESS = ["--single-process"]
 CLIENTS = 4
+# The default layout, with room for every concurrent client in one batch (the edge default is 2).
+SINGLE_PROCESS = ["--max-num-seqs", str(CLIENTS)]
 FAULT_SCRIPT = Path(__file__).with_name("fault_injected_serve.py")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.edge_harness.ledger import MemoryLedger, tree_total
+from vllm_omni_edge.memory import process_tree_memory, tree_total
 
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -221,7 +221,7 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
         _, decode_tokens, _, decode = ask_streaming(
             server.base_url, "Tell me a long story.", DECODE_TOKENS, out=None, ignore_eos=True
         )
-        memory = MemoryLedger(server.proc.pid).sample()["procs"]
+        memory = process_tree_memory(server.proc.pid)
     finally:
         code = server.stop()
     total = tree_total(memory)

@@ -13,10 +13,12 @@ reserved; prefill 1.17x (0.76-2.04). So 2 cores keep vLLM's 1 reserved core,
 now as a measured choice. The table holds only core counts that were measured;
 for other counts vLLM's own default stands. That reason holds only where an engine-core
 process polls beside the worker: in a layout whose model runs in the process that also runs
-the engine loop (``LLM()`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``serve --single-process``,
-the worker in the engine core) nothing polls, and the reserved core only idled half the box:
+the engine loop (the one-process server and in-process ``LLM()``, both the defaults; the
+worker in the engine core) nothing polls, and the reserved core only idled half the box:
 the one-process server ran its model on one core (``MEASUREMENT_ONE_PROCESS``), so those
 layouts reserve 0. (vLLM's in-process ``LLM()`` worker ran 2 threads with 1 reserved anyway.)
+When a layout patch falls back to vLLM's processes (the configuration needs them), it calls
+``reserve_for_vllm_layout`` before they are spawned.
 Verified by: the harness grids ``benchmarks/edge_harness/grids/reserved-cores.yaml`` and
 ``reserved-cores-one-process.yaml`` (quoted in ``MEASUREMENT``, ``MEASUREMENT_ONE_PROCESS``), and tests/test_patches.py (the worker's
 OMP binding follows the chosen value; the user's setting always wins).

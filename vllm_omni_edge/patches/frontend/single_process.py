@@ -4,10 +4,10 @@ What: by default (``VLLM_OMNI_EDGE_SINGLE_PROCESS`` unset or 1; ``vllm-omni-edge
 --multi-process``, ``VLLM_OMNI_EDGE_SINGLE_PROCESS=0`` or ``VLLM_ENABLE_V1_MULTIPROCESSING=1``
 keep vLLM's layout), wraps ``EngineCoreClient.make_async_mp_client`` (what
 ``AsyncLLM`` calls to start its engine) to return ``InProcessAsyncClient``
-(``in_process_engine.py``): vLLM's ``EngineCoreProc`` busy loop on a background
+(``engine/in_process.py``): vLLM's ``EngineCoreProc`` busy loop on a background
 thread of this process, running the model through ``UniProcExecutor`` with the
 model's cores bound on that thread. Nothing is spawned. The design and why a thread
-(not stepping from the event loop) are in ``in_process_engine.py``. A configuration one
+(not stepping from the event loop) are in ``engine/in_process.py``. A configuration one
 process cannot host (tensor/pipeline/data parallel, several API servers) gets vLLM's layout,
 with a log line naming why, unless the user asked for one process by name: then it is refused.
 Why: ``vllm serve`` on CPU runs three processes (API server, engine core, worker),
@@ -27,11 +27,8 @@ accepts ``asyncio_mode`` without multiprocessing).
 
 from __future__ import annotations
 
-import os
 
-from vllm_omni_edge.cpu_features import usable_cores
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
-from vllm_omni_edge.patches.frontend.worker_in_engine_core import RESERVED_ENV, engine_thread_binding
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.engine.core_client"
@@ -58,19 +55,6 @@ def enabled() -> bool:
     from vllm_omni_edge.levers import single_process_enabled
 
     return single_process_enabled()
-
-
-def model_cores() -> list[int] | None:
-    """The cores the model thread runs on, or None when the user bound OpenMP themselves.
-
-    The worker's rule (worker_in_engine_core.engine_thread_binding): the usable
-    cores minus the last ``VLLM_CPU_NUM_OF_RESERVED_CPU``, which stay for the front end.
-    """
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("GOMP_CPU_AFFINITY"):
-        return None  # the user's binding (read by libgomp at load) wins
-    cores = sorted(os.sched_getaffinity(0))[: usable_cores()]
-    binding = engine_thread_binding(cores, int(os.environ.get(RESERVED_ENV) or 0))
-    return [int(c) for c in binding["GOMP_CPU_AFFINITY"].split()]
 
 
 def unservable(parallel_config, client_count: int) -> list[str]:
@@ -118,7 +102,7 @@ def wrap_make_async_mp_client(original):
                 "vLLM's process layout: one process cannot host %s", ", ".join(problems))
             reserve_for_vllm_layout()
             return vllm_layout()
-        from vllm_omni_edge.patches.frontend.in_process_engine import InProcessAsyncClient
+        from vllm_omni_edge.engine.in_process import InProcessAsyncClient
 
         # The executor class AsyncLLM chose (MultiprocExecutor on CPU) is not used:
         # the worker runs in this process through UniProcExecutor.

@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 
 from vllm_omni_edge.cpu_features import usable_cores
+from vllm_omni_edge.engine.cores import RESERVED_ENV, engine_thread_binding
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 
 ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
-RESERVED_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
 RECORD = PatchRecord(
     name="worker_in_engine_core",
@@ -44,14 +44,6 @@ def enabled() -> bool:
     from vllm_omni_edge.levers import worker_in_engine_enabled
 
     return worker_in_engine_enabled()
-
-
-def engine_thread_binding(cores: list[int], reserved: int) -> dict[str, str]:
-    """OpenMP settings for a model that runs on all but the last ``reserved`` cores."""
-    if reserved >= len(cores):
-        raise ValueError(f"{RESERVED_ENV}={reserved} leaves none of the {len(cores)} usable cores for the model")
-    kept = cores[: len(cores) - reserved]
-    return {"OMP_NUM_THREADS": str(len(kept)), "GOMP_CPU_AFFINITY": " ".join(map(str, kept))}
 
 
 def _bind_engine_core_threads() -> dict[str, str]:

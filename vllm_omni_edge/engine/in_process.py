@@ -1,6 +1,6 @@
 """vLLM's engine core on a thread of the API-server process: the single-process layout.
 
-Used by ``single_process.py`` (the patch that installs it); not a patch itself.
+Used by ``patches/frontend/single_process.py`` (the patch that installs it).
 
 Design, after reading vLLM 0.30's ``v1/engine/core.py`` and ``core_client.py``:
 
@@ -28,7 +28,7 @@ Design, after reading vLLM 0.30's ``v1/engine/core.py`` and ``core_client.py``:
   worker's OpenMP threads through ``OMP_NUM_THREADS``/``GOMP_CPU_AFFINITY`` set
   before the worker process starts; here libgomp is already loaded, so the engine
   thread pins itself to the model's cores and sets torch's thread count before it
-  builds the model (``single_process.model_cores``: the usable cores minus
+  builds the model (``engine.cores.model_cores``: the usable cores minus
   ``VLLM_CPU_NUM_OF_RESERVED_CPU``, the same rule as the worker gets). The front
   end's threads stay unpinned, as vLLM leaves the API server. With more than one
   model core the OpenMP team shares that core set instead of one thread per core.
@@ -50,7 +50,7 @@ from vllm.v1.engine.core_client import AsyncMPClient, EngineCoreClient, _process
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from vllm_omni_edge.log import get_logger
-from vllm_omni_edge.patches.frontend.single_process import model_cores
+from vllm_omni_edge.engine.cores import model_cores
 
 logger = get_logger("single_process")
 

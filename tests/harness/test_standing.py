@@ -1,0 +1,51 @@
+"""The current-standing table is generated from artifacts, and README's copy is current."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks.edge_harness import standing
+from benchmarks.edge_harness.provenance import PROJECT_ROOT
+
+README = PROJECT_ROOT / "README.md"
+
+
+def test_readme_table_is_regenerated_from_the_listed_runs():
+    runs = standing.listed_runs()
+    assert runs, "docs/edge/standing-runs.txt lists no run"
+    assert standing.current_block(README) == standing.render(runs), \
+        "run: edge-harness standing --update README.md"
+
+
+def test_every_arm_of_a_listed_run_has_a_row_with_its_run_named():
+    for run in standing.listed_runs():
+        rows = standing.rows(run)
+        grid = json.loads((run / "provenance.json").read_text())["effective_grid"]
+        assert len(rows) == len(grid["arms"])
+        assert all(f"`{run.name}`" in row for row in rows)
+
+
+def test_a_run_that_is_not_ok_is_refused_by_name(tmp_path):
+    run = standing.listed_runs()[0]
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    summary.update(status="crashed", reasons=["pass 1 arm serve crashed: boom"])
+    (copy / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(standing.StandingError, match=f"{run.name}: status crashed: pass 1 arm serve crashed"):
+        standing.rows(copy)
+
+
+def test_update_rewrites_only_the_marked_block(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{standing.BEGIN}\nold\n{standing.END}\nafter\n")
+    assert standing.update(doc, "| new |") is True
+    assert doc.read_text() == f"before\n{standing.BEGIN}\n| new |\n{standing.END}\nafter\n"
+    assert standing.update(doc, "| new |") is False
+    (tmp_path / "bare.md").write_text("no markers")
+    with pytest.raises(standing.StandingError, match="no .* block"):
+        standing.update(tmp_path / "bare.md", "x")
