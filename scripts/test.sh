@@ -5,7 +5,7 @@
 #   EDGE_TESTS=all scripts/test.sh    # everything, including long runs
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --bench  # the harness's tests need its baselines
 case "${EDGE_TESTS:-default}" in
   fast) marks="not e2e and not slow" ;;
   all) marks="" ;;

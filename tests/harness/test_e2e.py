@@ -21,6 +21,9 @@ WORKLOADS = ["cold_start", {"decode": {"prompt_tokens": 16, "gen_tokens": 16, "w
              {"prefill": {"prompt_tokens": 64, "warmup": False}}]
 
 
+VLLM_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
+
 def tiny_grid(name: str, workloads=WORKLOADS, timeout_s: float = 400):
     return {
         "name": name,
@@ -28,9 +31,10 @@ def tiny_grid(name: str, workloads=WORKLOADS, timeout_s: float = 400):
         "control": "eager-a",
         "timeout_s": timeout_s,
         "arms": [
-            {"name": "eager-a", "model": "default", "llm_kwargs": EAGER},
+            # vLLM's layout: the ledger must walk the tree to the worker that holds the model.
+            {"name": "eager-a", "model": "default", "llm_kwargs": EAGER, "env": VLLM_LAYOUT},
             # The plugin's worker evidence must show the budget and eager mode reached the worker.
-            {"name": "eager-b", "model": "default", "llm_kwargs": EAGER,
+            {"name": "eager-b", "model": "default", "llm_kwargs": EAGER, "env": VLLM_LAYOUT,
              "expect": {"kv_cache_bytes": "~192MiB", "compiled": False}},
         ],
         "workloads": workloads,

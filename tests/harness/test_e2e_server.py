@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 EAGER = {"enforce_eager": True, "max_model_len": 512, "kv_cache_memory_bytes": "192MiB"}
 AGENT_TASKS = ["pick-weather", "args-timer", "json-sentiment"]
 SERVER = "server2x4@mix16-48"
+VLLM_LAYOUT = {"VLLM_OMNI_EDGE_SINGLE_PROCESS": "0"}
 
 
 def server_grid() -> dict:
@@ -24,8 +25,9 @@ def server_grid() -> dict:
         "control": "srv-a",
         "timeout_s": 900,  # server start alone took 330 s on this shared box under load
         "arms": [
-            {"name": "srv-a", "engine": "vllm-server", "model": "default", "llm_kwargs": EAGER},
-            {"name": "srv-b", "engine": "vllm-server", "model": "default", "llm_kwargs": EAGER,
+            # vLLM's three processes: the ledger must find the model in the server's worker.
+            {"name": "srv-a", "engine": "vllm-server", "model": "default", "llm_kwargs": EAGER, "env": VLLM_LAYOUT},
+            {"name": "srv-b", "engine": "vllm-server", "model": "default", "llm_kwargs": EAGER, "env": VLLM_LAYOUT,
              "expect": {"kv_cache_bytes": "~192MiB", "compiled": False}},
         ],
         "workloads": [

@@ -122,8 +122,9 @@ def test_shipped_grids_load(path):
 def test_reserved_cores_arms_differ_only_in_that_variable():
     grid, _ = load_grid(GRIDS / "reserved-cores.yaml")
     first, second = (arm.model_dump(exclude={"name"}) for arm in grid.arms)
-    assert first.pop("env") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"} and first.pop("expect") == {"torch_threads": 1}
-    assert second.pop("env") == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} and second.pop("expect") == {"torch_threads": 2}
+    layout = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # vLLM's three processes in both
+    assert first.pop("env") == {**layout, "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"} and first.pop("expect") == {"torch_threads": 1}
+    assert second.pop("env") == {**layout, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} and second.pop("expect") == {"torch_threads": 2}
     assert first == second
     assert {w.label for w in grid.workloads} == {"tg128", "pp512"}
 

@@ -180,16 +180,16 @@ def _select_process_layout(single_process: bool | None) -> None:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 
-def state_serving_defaults(args: list[str], program: str) -> list[str]:
-    """``vllm serve`` arguments with the edge defaults, printed in one line (layout included)."""
+def serving_defaults(args: list[str], program: str) -> tuple[list[str], str]:
+    """``vllm serve`` arguments with the edge defaults, and the one line that states them
+    (layout included); print it once the start can go ahead."""
     from vllm_omni_edge.cli.serving_defaults import with_serving_defaults
     from vllm_omni_edge.levers import single_process_enabled
 
     args, line = with_serving_defaults(args, _named_model(args))
     layout = ("one process (--multi-process for vLLM's three)" if single_process_enabled()
               else "vLLM's three processes")
-    print(f"{program}: {line}; {layout}", file=sys.stderr, flush=True)
-    return args
+    return args, f"{program}: {line}; {layout}"
 
 
 def _select_plugins(model: str | None) -> None:
@@ -212,9 +212,11 @@ def serve(args: list[str]) -> int | None:
         # Before the first heavy import (plugin selection's transformers).
         pause_collection_for_start("vllm-omni-edge serve")
         _select_process_layout(single_process)
-        argv = ["vllm", "serve", *state_serving_defaults(argv[2:], "vllm-omni-edge serve")]
+        args_with_defaults, stated = serving_defaults(argv[2:], "vllm-omni-edge serve")
+        argv = ["vllm", "serve", *args_with_defaults]
         _check_request_limit()
         _check_listen_address(argv[2:])
         _select_plugins(_named_model(argv[2:]))
+        print(stated, file=sys.stderr, flush=True)
     sys.argv = argv
-    return vllm_main(serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)
+    return vllm_main(apply_serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)

@@ -12,18 +12,19 @@ from __future__ import annotations
 import sys
 
 
-def main(serving_defaults: bool = True) -> int | None:
-    """``serving_defaults=False``: the caller (``vllm-omni-edge serve``) applied them already."""
+def main(apply_serving_defaults: bool = True) -> int | None:
+    """``apply_serving_defaults=False``: the caller (``vllm-omni-edge serve``) applied them already."""
     from vllm_omni_edge.patches import apply_cli_patches
     from vllm_omni_edge.patches.early import install_interpreter_hooks
     from vllm_omni_edge.patches.frontend.startup_gc import resume_unless_in_force
 
     if starts_a_server(sys.argv[1:]):
         pause_collection_for_start("vllm serve")
-        if serving_defaults:
-            from vllm_omni_edge.cli.serve import state_serving_defaults
+        if apply_serving_defaults:
+            from vllm_omni_edge.cli.serve import serving_defaults
 
-            sys.argv[2:] = state_serving_defaults(sys.argv[2:], "vllm serve")
+            sys.argv[2:], stated = serving_defaults(sys.argv[2:], "vllm serve")
+            print(stated, file=sys.stderr, flush=True)
     install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
     resume_unless_in_force()  # nothing would turn collection back on
