@@ -27,7 +27,7 @@ def _reader(handle, spin_setting: str, results) -> None:
     outcome = apply_patch_module("vllm_omni_edge.patches.worker.shm_reader_wait")
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    from vllm_omni_edge.patches.worker import shm_reader_wait
+    from vllm_omni_edge import evidence
 
     queue = MessageQueue.create_from_handle(handle, 0)
     queue.wait_until_ready()
@@ -37,7 +37,7 @@ def _reader(handle, spin_setting: str, results) -> None:
     results.put({"outcome": outcome.status, "messages": [first, second],
                  "idle_cpu_s": time.process_time() - cpu_before,
                  "busy_loop_s": queue._spin_condition.busy_loop_s,
-                 "recorded": list(shm_reader_wait.reader_busy_loop_s)})
+                 "recorded": evidence._shm_reader_busy_loop_s()})
 
 
 def _run_pair(spin_setting: str) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 
 
 @functools.cache
@@ -50,3 +51,33 @@ def cpu_class() -> str:
     if "avx2" in flags:
         return "x86-avx2"
     return "other"
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    capability: str  # PyTorch's kernel dispatch level: "AVX2", "AVX512", "DEFAULT", ...
+    amx: bool  # AMX tiles present (AMX-BF16/INT8 Xeons)
+    vllm_w4a8_op: bool  # vLLM's _C was built with int4_scaled_mm_cpu
+
+    @classmethod
+    @functools.cache
+    def detect(cls) -> "CpuFeatures":
+        import torch
+
+        return cls(
+            capability=torch.backends.cpu.get_cpu_capability(),
+            amx=bool(torch.cpu._is_amx_tile_supported()),
+            vllm_w4a8_op=_has_vllm_w4a8_op(),
+        )
+
+
+def _has_vllm_w4a8_op() -> bool:
+    import torch
+
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads vLLM's _C op library)
+    except Exception:
+        return False
+    return hasattr(torch.ops._C, "int4_scaled_mm_cpu") and hasattr(
+        torch.ops._C, "convert_weight_packed_scale_zp"
+    )

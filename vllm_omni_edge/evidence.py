@@ -236,11 +236,18 @@ def _layer_names_are_strings() -> bool:
     return layer_names_are_strings()
 
 
-def _shm_reader_busy_loop_s() -> list[float]:
-    """How long each shm queue reader in this process spins before it blocks."""
-    from vllm_omni_edge.patches.worker import shm_reader_wait
+# How long each shm queue reader made in this process spins before it blocks (shm_reader_wait).
+_SHM_READERS_BUSY_LOOP_S: list[float] = []
 
-    return list(shm_reader_wait.reader_busy_loop_s)
+
+def note_shm_reader(busy_loop_s: float) -> None:
+    """A shm queue reader was made here: keep its setting and rewrite the process record."""
+    _SHM_READERS_BUSY_LOOP_S.append(busy_loop_s)
+    write_process_record()
+
+
+def _shm_reader_busy_loop_s() -> list[float]:
+    return list(_SHM_READERS_BUSY_LOOP_S)
 
 
 def _rms_norm_dispatch(model) -> dict:

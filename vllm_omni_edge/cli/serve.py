@@ -20,7 +20,7 @@ import socket
 import sys
 from pathlib import Path
 
-from vllm_omni_edge.cli.serving_defaults import has_option
+from vllm_omni_edge.cli.serving_defaults import has_option, named_model, serving_defaults
 from vllm_omni_edge.cli.vllm_entry import asks_for_help
 
 VLLM_DEFAULT_PORT = 8000
@@ -35,17 +35,6 @@ class ModelNotFoundError(SystemExit):
 
 class ServeSetupError(SystemExit):
     """Exit with one line naming the problem (port taken, bad setting) before vLLM starts."""
-
-
-def _named_model(args: list[str]) -> str | None:
-    if args and not args[0].startswith("-"):
-        return args[0]
-    for i, a in enumerate(args):
-        if a.startswith("--model="):
-            return a.split("=", 1)[1]
-        if a == "--model" and i + 1 < len(args):
-            return args[i + 1]
-    return None
 
 
 def check_local_model(model: str) -> None:
@@ -133,7 +122,7 @@ def edge_serve_argv(args: list[str]) -> list[str]:
     from vllm_omni_edge.models.default_model import resolve_model_name
 
     args = list(args)
-    model = _named_model(args)
+    model = named_model(args)
     cached = resolve_model_name(model) if model else None
     if cached is not None:
         # An embedded model name: serve its cached checkpoint (pull it first).
@@ -180,18 +169,6 @@ def _select_process_layout(single_process: bool | None) -> None:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 
-def serving_defaults(args: list[str], program: str) -> tuple[list[str], str]:
-    """``vllm serve`` arguments with the edge defaults, and the one line that states them
-    (layout included); print it once the start can go ahead."""
-    from vllm_omni_edge.cli.serving_defaults import with_serving_defaults
-    from vllm_omni_edge.levers import single_process_enabled
-
-    args, line = with_serving_defaults(args, _named_model(args))
-    layout = ("one process (--multi-process for vLLM's three)" if single_process_enabled()
-              else "vLLM's three processes")
-    return args, f"{program}: {line}; {layout}"
-
-
 def _select_plugins(model: str | None) -> None:
     """Leave vLLM-Omni's general plugin out for a model it does not register (plugin_selection)."""
     from vllm_omni_edge.cli.plugin_selection import text_model_plugins
@@ -216,7 +193,7 @@ def serve(args: list[str]) -> int | None:
         argv = ["vllm", "serve", *args_with_defaults]
         _check_request_limit()
         _check_listen_address(argv[2:])
-        _select_plugins(_named_model(argv[2:]))
+        _select_plugins(named_model(argv[2:]))
         print(stated, file=sys.stderr, flush=True)
     sys.argv = argv
     return vllm_main(apply_serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)

@@ -61,3 +61,25 @@ def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str]
         said.append("compiled (a machine's first start compiles, about a minute on 2 cores; later starts "
                     "load it; --enforce-eager skips)")
     return args, "serving defaults: " + ", ".join(said) + "; flags you give win"
+
+
+def named_model(args: list[str]) -> str | None:
+    if args and not args[0].startswith("-"):
+        return args[0]
+    for i, a in enumerate(args):
+        if a.startswith("--model="):
+            return a.split("=", 1)[1]
+        if a == "--model" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def serving_defaults(args: list[str], program: str) -> tuple[list[str], str]:
+    """``vllm serve`` arguments with the edge defaults, and the one line that states them
+    (layout included); print it once the start can go ahead."""
+    from vllm_omni_edge.levers import single_process_enabled
+
+    args, line = with_serving_defaults(args, named_model(args))
+    layout = ("one process (--multi-process for vLLM's three)" if single_process_enabled()
+              else "vLLM's three processes")
+    return args, f"{program}: {line}; {layout}"

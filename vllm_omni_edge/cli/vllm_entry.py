@@ -21,7 +21,7 @@ def main(apply_serving_defaults: bool = True) -> int | None:
     if starts_a_server(sys.argv[1:]):
         pause_collection_for_start("vllm serve")
         if apply_serving_defaults:
-            from vllm_omni_edge.cli.serve import serving_defaults
+            from vllm_omni_edge.cli.serving_defaults import serving_defaults
 
             sys.argv[2:], stated = serving_defaults(sys.argv[2:], "vllm serve")
             print(stated, file=sys.stderr, flush=True)

@@ -22,6 +22,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vllm_omni_edge.cpu_features import CpuFeatures, cpu_class
+
 TABLE_PATH = Path(__file__).with_name("measured_paths.json")
 DENSE = "dense"  # the second layout: F.linear on a dense copy
 PHASES = ("decode", "prefill")
@@ -118,7 +120,17 @@ def decision_for(cpu_class: str) -> Decision:
     return decide(cpu_class)
 
 
-def decision_for_this_cpu() -> Decision:
-    from vllm_omni_edge.quantization.kernels import CpuFeatures, routing_class
+def routing_class(features: CpuFeatures) -> str:
+    """The routing table's CPU class for these features (the detected CPU's own class if it matches)."""
+    if features.amx:
+        return "x86-amx"
+    if features.capability.startswith("AVX512"):
+        here = cpu_class()
+        return here if here.startswith("x86-avx512") else "x86-avx512"
+    if features.capability == "AVX2":
+        return "x86-avx2"
+    return "other"
 
+
+def decision_for_this_cpu() -> Decision:
     return decision_for(routing_class(CpuFeatures.detect()))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 
+from vllm_omni_edge.evidence import note_shm_reader
 from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
@@ -47,8 +48,6 @@ RECORD = PatchRecord(
     remove_when="vLLM makes SpinCondition.busy_loop_s configurable or adaptive on CPU.",
 )
 
-# busy_loop_s of every reader created in this process, for the evidence.
-reader_busy_loop_s: list[float] = []
 # After a read, block for at most this long per poll (bounds a missed notification).
 POLL_CAP_MS = 1
 RECENT_READ_S = 1.0
@@ -68,10 +67,7 @@ def _wrap(module, seconds: float) -> None:
             original(self, is_reader, *args, **kwargs)
             if is_reader:
                 self.busy_loop_s = seconds
-                reader_busy_loop_s.append(seconds)
-                from vllm_omni_edge.evidence import write_process_record
-
-                write_process_record()  # the process record now names the setting
+                note_shm_reader(seconds)  # the process record now names the setting
 
         return __init__
 

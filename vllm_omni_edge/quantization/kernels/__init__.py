@@ -30,6 +30,7 @@ from vllm_omni_edge.quantization.kernels.avx2_w4a8 import (
     Avx512VnniW4A8Kernel,
 )
 from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel
+from vllm_omni_edge.routing.weight_path import decision_for, routing_class  # noqa: F401  (asked by kernels)
 from vllm_omni_edge.quantization.kernels.dequant import DequantFallbackKernel
 from vllm_omni_edge.quantization.kernels.int4pack import Int4PackCpuKernel
 
@@ -95,30 +96,12 @@ def choose_kernel(
     raise KernelUnavailableError(f"no cpu_int4 kernel can run {what}: {'; '.join(passed_over)}")
 
 
-def routing_class(features: CpuFeatures) -> str:
-    """The routing table's CPU class for these features (the detected CPU's own class if it matches)."""
-    from vllm_omni_edge.cpu_features import cpu_class
-
-    if features.amx:
-        return "x86-amx"
-    if features.capability.startswith("AVX512"):
-        here = cpu_class()
-        return here if here.startswith("x86-avx512") else "x86-avx512"
-    if features.capability == "AVX2":
-        return "x86-avx2"
-    return "other"
-
-
 def routed_order(features: CpuFeatures) -> tuple[str, ...]:
     """Kernel names, fastest first for decode on this CPU class (routing table)."""
-    from vllm_omni_edge.routing.weight_path import decision_for
-
     return decision_for(routing_class(features)).decode_order
 
 
 def route_summary(features: CpuFeatures) -> str:
-    from vllm_omni_edge.routing.weight_path import decision_for
-
     d = decision_for(routing_class(features))
     note = f"; {d.prefill_note}" if d.prefill_note else ""
     return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"

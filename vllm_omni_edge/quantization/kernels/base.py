@@ -17,37 +17,12 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
+from vllm_omni_edge.cpu_features import CpuFeatures  # noqa: F401  (the kernels choose by it)
 from vllm_omni_edge.levers import int4_dense_prefill_copy
 from vllm_omni_edge.quantization.int4 import dequantize
 
 # Rows per call from which the dense copy (if kept) is used: prefill, not decode.
 DENSE_MIN_ROWS = 16
-
-
-@dataclass(frozen=True)
-class CpuFeatures:
-    capability: str  # PyTorch's kernel dispatch level: "AVX2", "AVX512", "DEFAULT", ...
-    amx: bool  # AMX tiles present (AMX-BF16/INT8 Xeons)
-    vllm_w4a8_op: bool  # vLLM's _C was built with int4_scaled_mm_cpu
-
-    @classmethod
-    @functools.cache
-    def detect(cls) -> "CpuFeatures":
-        return cls(
-            capability=torch.backends.cpu.get_cpu_capability(),
-            amx=bool(torch.cpu._is_amx_tile_supported()),
-            vllm_w4a8_op=_has_vllm_w4a8_op(),
-        )
-
-
-def _has_vllm_w4a8_op() -> bool:
-    try:
-        import vllm._custom_ops  # noqa: F401  (loads vLLM's _C op library)
-    except Exception:
-        return False
-    return hasattr(torch.ops._C, "int4_scaled_mm_cpu") and hasattr(
-        torch.ops._C, "convert_weight_packed_scale_zp"
-    )
 
 
 class Int4Kernel:
