@@ -252,12 +252,10 @@ def _shm_reader_busy_loop_s() -> list[float]:
 
 def _rms_norm_dispatch(model) -> dict:
     """Which vLLM IR impl this process's dispatch picks for the model's own RMSNorm
-    arguments (dtype, epsilon, contiguous rows), and how often our fused impl ran."""
+    arguments (dtype, epsilon, contiguous rows)."""
     import torch
     from vllm import ir
     from vllm.model_executor.layers.layernorm import RMSNorm
-
-    from vllm_omni_edge.patches.worker import cpu_fused_rms_norm
 
     norm = next((m for m in model.modules() if isinstance(m, RMSNorm)), None)
     selected: dict[str, str | None] = {"rms_norm_impl": None, "fused_add_rms_norm_impl": None}
@@ -272,7 +270,6 @@ def _rms_norm_dispatch(model) -> dict:
     return {
         **selected,
         "rms_norm_priority": ir.ops.rms_norm.get_priority(),
-        "rms_norm_edge_calls": dict(cpu_fused_rms_norm.calls),
     }
 
 

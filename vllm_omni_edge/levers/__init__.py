@@ -21,7 +21,6 @@ inherit the front end's environment).
 | vLLM-Omni's general plugin in `vllm-omni-edge serve`: left out for a model it does not register, or loaded | VLLM_PLUGINS unset / set by you | left out | cli/plugin_selection.py |
 | compiled model's wrapper: inductor's generated Python, or its C++ wrapper | VLLM_OMNI_EDGE_CPP_WRAPPER=0/1 | 0 | patches/frontend/inductor_cpp_wrapper.py |
 | CPU attention calls of a decoder layer: cache views kept, ops called directly; or vLLM's | VLLM_OMNI_EDGE_ATTENTION_CALLS=1/0 | 1 | patches/worker/cpu_attention_calls.py |
-| RMSNorm through vLLM's fused _C CPU kernels when eager (stock: native torch ops) | VLLM_OMNI_EDGE_FUSED_RMS_NORM=0/1 | 0 | patches/worker/cpu_fused_rms_norm.py |
 | a decoder layer's KV write inside its attention call (one custom op, not two); or vLLM's separate update | VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | garbage collection while `serve` or an engine core (`LLM()` in one process, vLLM's engine-core child) starts: youngest generation only, frozen before the load (young); paused, one full collection before the load (pause or 1); CPython's throughout (0) | VLLM_OMNI_EDGE_STARTUP_GC=young/pause/1/0 | young | levers/startup_gc.py, patches/frontend/startup_gc.py, patches/frontend/engine_start_gc.py |
@@ -48,7 +47,6 @@ WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
-FUSED_RMS_NORM_ENV = "VLLM_OMNI_EDGE_FUSED_RMS_NORM"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
 CPP_WRAPPER_ENV = "VLLM_OMNI_EDGE_CPP_WRAPPER"
@@ -157,11 +155,6 @@ def int4_dense_prefill_copy() -> bool:
 
 def heap_trim_enabled() -> bool:
     return _choice(HEAP_TRIM_ENV, ("1", "0"), "1") == "1"
-
-
-def fused_rms_norm_enabled() -> bool:
-    # Off by default: the CPU kernel truncates the bf16 residual sum (see the patch).
-    return _choice(FUSED_RMS_NORM_ENV, ("0", "1"), "0") == "1"
 
 
 def shm_spin_seconds() -> float:

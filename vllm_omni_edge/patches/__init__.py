@@ -36,7 +36,6 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.embedding_prepack",
     "vllm_omni_edge.patches.worker.heap_trim",
     "vllm_omni_edge.patches.worker.shm_reader_wait",
-    "vllm_omni_edge.patches.worker.cpu_fused_rms_norm",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.common.torchvision_native_ops",
     "vllm_omni_edge.patches.worker.qwen2_5_omni_voice_type",
