@@ -115,3 +115,15 @@ def test_the_wrapper_resizes_only_a_need_sized_default():
     setattr(vc.cache_config, NEED_SIZED_ATTR, True)
     wrapped(vc, [layer_specs], [123])
     assert seen[-1] == need_sized_bytes(vc, layer_specs, 24 << 30) > 123
+
+
+def test_the_patch_wraps_once():
+    from types import SimpleNamespace
+
+    from vllm_omni_edge.patches.worker import kv_default_exact
+
+    module = SimpleNamespace(get_kv_cache_configs=lambda vc, specs, mem: mem)
+    kv_default_exact._wrap(module)
+    first = module.get_kv_cache_configs
+    kv_default_exact._wrap(module)
+    assert module.get_kv_cache_configs is first and first.__edge_wrapped__

@@ -1,9 +1,8 @@
 """Edge defaults for ``vllm serve`` and ``vllm-omni-edge serve``, and the one line that states them.
 
-vLLM sizes a server for a GPU: the model's whole context (8192 tokens on SmolLM2, 32768 on
-Qwen2.5-Coder) times 128 sequences (``max_num_seqs`` for the OpenAI server), which on CPU
-becomes the capped need-sized KV cache and a compile for 8192-token batches. On an edge box one
-or two clients talk to the model; these defaults keep a long context and two concurrent
+vLLM sizes a server for a GPU: the model's whole context times the OpenAI server's default
+``max_num_seqs``, which on CPU becomes the capped need-sized KV cache and a compile for
+batches of the whole context. On an edge box one or two clients talk to the model; these defaults keep a long context and two concurrent
 streams, so the need-sized KV cache (``levers/kv_budget.py``) stays near what the demo's
 measured one-process layout holds. The user's own flags always win.
 """

@@ -161,5 +161,6 @@ def decide(explicit: int | None, shape: KVShape, max_model_len: int, max_num_seq
                              total_ram)
     why = (f"no budget given: {max_num_seqs} seqs x {max_model_len} tokens need "
            f"{format_bytes(need)} with vLLM's null block, capped at {format_bytes(cap)} "
-           f"(min(256 MiB, RAM/8)), at least one request ({format_bytes(minimum)})")
+           f"(min({format_bytes(DEFAULT_CAP_BYTES)}, RAM/{DEFAULT_CAP_RAM_FRACTION})), "
+           f"at least one request ({format_bytes(minimum)})")
     return KVDecision(budget, minimum, why)

@@ -10,8 +10,8 @@ holds back (``_pool_bytes_per_block``). Same cap and floor as the front end's ru
 (``levers/kv_budget.sized_from_need``). An explicit budget is never touched.
 Why: the front end estimates from the model config with every layer as full attention;
 vLLM's admission check counts per group and subtracts the null block, so an estimate can
-fall one block short (it did: ``LLM(..., max_model_len=512)`` with no budget refused to
-start, "estimated maximum model length is 384") or miscount hybrid groups.
+fall one block short (a stock ``LLM()`` with no budget then refuses to start, naming an
+estimated maximum model length below the one asked for) or miscount hybrid groups.
 Verified by: tests/test_kv_default_exact.py (property test: for many model shapes, block
 sizes, lengths and sequence counts, including sliding-window hybrids, vLLM's own
 ``get_kv_cache_configs`` accepts the sized pool and it holds ``max_num_seqs`` requests;
