@@ -28,6 +28,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.isa_probe_memo",
     "vllm_omni_edge.patches.worker.precompiled_header_memo",
     "vllm_omni_edge.patches.worker.compile_warmup_tokens",
+    "vllm_omni_edge.patches.worker.compile_progress",
     "vllm_omni_edge.patches.worker.cpu_random_sample",
     "vllm_omni_edge.patches.worker.cpu_attention_calls",
     "vllm_omni_edge.patches.worker.fused_silu_mlp",
