@@ -134,7 +134,7 @@ def tokenizer_check(plan: CheckPlan, text: str = TOKENIZER_CHECK_TEXT) -> dict[s
     return {"same_ids": ours == theirs, "first_difference": first, "tokens": len(theirs)}
 
 
-def transformers_candidate(plan: CheckPlan, dtype: str = "bfloat16") -> PositionLogprobs:
+def transformers_candidate(plan: CheckPlan, dtype: str = "float32") -> PositionLogprobs:
     import torch
 
     torch.set_num_threads(2)
