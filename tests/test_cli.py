@@ -86,6 +86,11 @@ def test_serve_takes_embedded_model_names(default_model, isolated_cache):
     shutil.copytree(default_model, dm.default_model_dir())
     argv = edge_serve_argv(["--model=default", "--port", "1"])
     assert f"--model={dm.default_model_dir()}" in argv
+    # Requests name the model as the user did; the user's own served name is kept as given.
+    assert argv[argv.index("--served-model-name") + 1] == "default"
+    argv = edge_serve_argv(["default", "--served-model-name", "default"])
+    assert argv[2] == str(dm.default_model_dir())
+    assert argv.count("--served-model-name") == 1 and argv[argv.index("--served-model-name") + 1] == "default"
 
 
 def test_serve_refuses_a_directory_without_config(tmp_path):

@@ -154,6 +154,8 @@ def collect_worker_evidence(worker) -> dict:
         "pid": os.getpid(),
         "role": process_role(),
         "kv_cache_bytes": _unique_storage_bytes(kv_caches),
+        # KV buffer bytes mapped as zero pages, resident as written (patches/worker/kv_resident_as_used.py).
+        "kv_cache_mapped_bytes": _kv_cache_mapped_bytes(),
         "kv_num_blocks": int(kv_config.num_blocks) if kv_config is not None else None,
         "kv_cache_memory_bytes_requested": worker.cache_config.kv_cache_memory_bytes,
         "max_model_len": worker.model_config.max_model_len,
@@ -212,6 +214,12 @@ def collect_worker_evidence(worker) -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
     }
+
+
+def _kv_cache_mapped_bytes() -> int:
+    from vllm_omni_edge.patches.worker import kv_resident_as_used
+
+    return kv_resident_as_used.mapped_bytes
 
 
 def _step_handoff() -> bool | None:

@@ -111,9 +111,19 @@ def _check_request_limit() -> None:
 
 
 def _replace_model(args: list[str], old: str, new: str) -> list[str]:
-    out = []
-    for a in args:
-        out.append(new if a == old else f"--model={new}" if a == f"--model={old}" else a)
+    """``args`` with the model argument (the first positional, ``--model X`` or ``--model=X``)
+    pointed at ``new``; other arguments equal to ``old`` (a ``--served-model-name``) stay."""
+    out = list(args)
+    if out and out[0] == old:
+        out[0] = new
+        return out
+    for i, a in enumerate(out):
+        if a == f"--model={old}":
+            out[i] = f"--model={new}"
+            return out
+        if a == "--model" and i + 1 < len(out) and out[i + 1] == old:
+            out[i + 1] = new
+            return out
     return out
 
 
@@ -133,6 +143,8 @@ def edge_serve_argv(args: list[str]) -> list[str]:
                 f"{' --cpu-int4' if model.endswith(':cpu_int4') else ''}`"
             )
         args = _replace_model(args, model, str(cached))
+        if not has_option(args, "--served-model-name"):
+            args += ["--served-model-name", model]  # requests name the model as the user did
         model = str(cached)
     if model is None:
         from vllm_omni_edge.models.default_model import pull_default_model

@@ -8,6 +8,7 @@ inherit the front end's environment).
 |---|---|---|---|
 | RoPE table sized to max_model_len | VLLM_OMNI_EDGE_ROPE_CAP=1/0 | 1 | rope_cap.py |
 | KV budget when none is given | VLLM_OMNI_EDGE_KV_DEFAULT=need/vllm | need | kv_budget.py |
+| KV cache pages resident as blocks are first written (zero pages from a fresh mapping), or vLLM's buffer zero-filled at start | VLLM_OMNI_EDGE_KV_RESIDENT=used/all | used | patches/worker/kv_resident_as_used.py |
 | oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
 | cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
@@ -61,6 +62,7 @@ WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
 COMPILE_KEY_MEMO_ENV = "VLLM_OMNI_EDGE_COMPILE_KEY_MEMO"
 STEP_HANDOFF_ENV = "VLLM_OMNI_EDGE_STEP_HANDOFF"
+KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
 
 
 class LeverFlagError(ValueError):
@@ -80,6 +82,10 @@ def rope_cap_enabled() -> bool:
 
 def kv_default_mode() -> str:
     return _choice(KV_DEFAULT_ENV, ("need", "vllm"), "need")
+
+
+def kv_resident_as_used() -> bool:
+    return _choice(KV_RESIDENT_ENV, ("used", "all"), "used") == "used"
 
 
 def short_compile_warmup() -> bool:
