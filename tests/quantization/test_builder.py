@@ -37,18 +37,19 @@ def test_every_linear_and_the_tied_head_are_4bit(tiny_llama, tiny_llama_int4):
     assert tensors["model.layers.0.mlp.down_proj.scales"].shape == (128, 3)
     assert tensors["model.layers.0.mlp.up_proj.scales"].shape == (192, 1)
 
-    # The tied head: its own 4-bit copy of the embedding; the embedding stays bf16.
-    assert "lm_head.weight" not in tensors
-    emb = tensors["model.embed_tokens.weight"]
-    assert emb.dtype == torch.bfloat16 and torch.equal(emb, source["model.embed_tokens.weight"])
-    head = int4.dequantize(tensors["lm_head.qweight"], tensors["lm_head.scales"], tensors["lm_head.zeros"])
-    assert float((head - emb.float()).norm() / emb.float().norm()) < 0.12
+    # The tied head and the embedding: one 4-bit matrix, stored as the embedding (format 3;
+    # tests/quantization/test_embedding_int4.py has the rest, and format 2's bf16 embedding).
+    assert "lm_head.weight" not in tensors and "lm_head.qweight" not in tensors
+    assert "model.embed_tokens.weight" not in tensors
+    emb = source["model.embed_tokens.weight"].float()
+    stored = int4.dequantize(*(tensors[f"model.embed_tokens.{s}"] for s in ("qweight", "scales", "zeros")))
+    assert float((stored - emb).norm() / emb.norm()) < 0.12
 
     config = json.loads((tiny_llama_int4 / "config.json").read_text())
-    assert config["tie_word_embeddings"] is False
+    assert config["tie_word_embeddings"] is True
     assert config["quantization_config"] == {
         "quant_method": "cpu_int4", "bits": 4, "group_size": 128,
-        "format_version": 2, "lm_head": True, "zero_point": "float",
+        "format_version": 3, "lm_head": True, "zero_point": "float", "embedding": "int4",
     }
     assert (tiny_llama_int4 / "generation_config.json").is_file()
     assert verify_manifest(tiny_llama_int4)["group_size"] == 128

@@ -80,7 +80,8 @@ def test_config_from_checkpoint_and_errors():
     assert CpuInt4Config.get_config_filenames() == []
     assert CpuInt4Config.from_config(good).zero_point == "int"  # a format_version 1 checkpoint
     assert CpuInt4Config.from_config({**good, "format_version": 2, "zero_point": "float"}).zero_point == "float"
-    for change, message in (({"bits": 8}, "bits=8"), ({"format_version": 3}, "format_version=3"),
+    assert CpuInt4Config.from_config({**good, "format_version": 3, "zero_point": "float"}).embedding == "int4"
+    for change, message in (({"bits": 8}, "bits=8"), ({"format_version": 4}, "format_version=4"),
                             ({"zero_point": False}, "zero_point"), ({"group_size": 48}, "group size 48"),
                             ({"format_version": 2, "zero_point": True}, "zero_point=True")):
         with pytest.raises(ValueError, match=message):
@@ -208,7 +209,8 @@ def test_tied_head_gets_own_4bit_copy_embedding_stays_bf16(vllm_single_process):
 
     from vllm_omni_edge.quantization.config import CpuInt4Config
 
-    cfg = CpuInt4Config()  # online, as LLM(model=bf16_dir, quantization="cpu_int4")
+    # Online with the embedding kept bf16 (the default quantizes it: test_embedding_int4.py).
+    cfg = CpuInt4Config(embedding="bf16")
     embed = VocabParallelEmbedding(320, 128, params_dtype=BF16, quant_config=cfg)
     assert isinstance(embed.quant_method, UnquantizedEmbeddingMethod)
     head = ParallelLMHead(320, 128, params_dtype=BF16, quant_config=cfg, prefix="lm_head")

@@ -3,11 +3,15 @@
 ``vllm-omni-edge quantize SRC OUT [--group-size 32] [--zero-point float]`` (``main``), or
 ``build_cpu_int4_checkpoint(src, out)`` from Python.
 
-Every linear layer and the output head are stored 4-bit (format in ``int4.py``);
-the input embedding, norms and biases are copied unchanged. A tied head gets
-its own 4-bit ``lm_head.*`` and the written config says
-``tie_word_embeddings: false``: vLLM's llama/qwen2 would otherwise point the
-head at the bf16 embedding and never build a quantized head. The directory
+Every linear layer, the output head and the input embedding are stored 4-bit
+(format 3; the number format in ``int4.py``); norms and biases are copied
+unchanged. A tied matrix is stored once, as ``model.embed_tokens.*``, and the
+config keeps ``tie_word_embeddings: true``: the loaded head shares it and the
+embedding's lookups read the head kernel's bytes (``embedding.py``). An untied
+model gets ``model.embed_tokens.*`` and ``lm_head.*``. ``--embedding bf16``
+writes format 2 instead: the embedding copied unchanged, a tied head given its
+own 4-bit ``lm_head.*`` and ``tie_word_embeddings: false`` (vLLM's llama/qwen2
+would otherwise point the head at the bf16 embedding). The directory
 appears complete or not at all, carries a size/SHA-256 manifest that loading
 verifies, and is re-read and checked before it is published.
 """
@@ -32,7 +36,8 @@ from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
 from vllm_omni_edge.quantization.int4 import (
     BITS,
-    FORMAT_VERSION,
+    DEFAULT_EMBEDDING,
+    EMBEDDING_FORMATS,
     SCALE_DTYPE,
     SUPPORTED_GROUP_SIZES,
     SUPPORTED_WEIGHT_DTYPES,
@@ -40,10 +45,12 @@ from vllm_omni_edge.quantization.int4 import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ZERO_POINT,
     ZERO_POINT_MODES,
+    check_embedding_format,
     check_group_size,
     check_triple,
     check_zero_point,
     dequantize,
+    format_version_for,
     group_size_for,
     quantize,
 )
@@ -68,6 +75,8 @@ _NOT_COPIED_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", "
 LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
     "linear 4-bit", "head 4-bit", "embedding", "norms", "biases", "other",
 )
+EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
+EMBEDDING_PREFIX = EMBEDDING.removesuffix(".weight")
 
 
 class CheckpointBuildError(RuntimeError):
@@ -79,6 +88,7 @@ class BuildReport:
     out: Path
     group_size: int
     zero_point: str = DEFAULT_ZERO_POINT
+    embedding: str = DEFAULT_EMBEDDING
     # prefix -> group size, for layers whose K the requested size does not divide.
     group_size_fallbacks: dict[str, int] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -92,7 +102,7 @@ class BuildReport:
         return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
 
     def table(self) -> str:
-        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER)
+        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER)
         rows = [r for r in order if self.tensors.get(r)]
         header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
         lines = ["{:<14} {:>7} {:>11} {:>12} {:>13}".format(*header)]
@@ -124,11 +134,16 @@ def build_cpu_int4_checkpoint(
     progress: bool = True,
     overwrite: bool = False,
     zero_point: str = DEFAULT_ZERO_POINT,
+    embedding: str = DEFAULT_EMBEDDING,
 ) -> BuildReport:
-    """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``."""
+    """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``.
+
+    ``embedding="int4"`` writes format 3 (input embedding 4-bit), ``"bf16"`` format 2.
+    """
     src, out = Path(src).expanduser(), Path(out).expanduser()
     check_group_size(group_size)
     check_zero_point(zero_point)
+    check_embedding_format(embedding)
     if not src.exists():
         raise FileNotFoundError(f"source checkpoint not found: {src}")
     if out.exists() and not overwrite:
@@ -145,8 +160,8 @@ def build_cpu_int4_checkpoint(
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
             step = (lambda msg: logger.info("gguf: %s", msg)) if progress else None
             hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step)
-            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point)
-    return _build_from_hf_dir(src, out, group_size, progress, zero_point)
+            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding)
+    return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding)
 
 
 def _read_source_config(src: Path) -> dict:
@@ -209,20 +224,23 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
-                       zero_point: str) -> BuildReport:
+                       zero_point: str, embedding: str = DEFAULT_EMBEDDING) -> BuildReport:
     config = _read_source_config(src)
     with contextlib.ExitStack() as stack:
         report, written, quantized_prefixes = _quantize_tensors(
-            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point
+            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding
         )
-    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes)
-    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points)", out, group_size, zero_point)
+    tied = embedding == "int4" and report.tensors.get(TIED_4BIT, 0) > 0
+    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied)
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding%s)", out, group_size,
+                zero_point, embedding, ", tied head" if tied else "")
     return report
 
 
 def _quantize_tensors(
     src: Path, out: Path, where: dict, config: dict, group_size: int, progress: bool,
     zero_point: str = DEFAULT_ZERO_POINT,
+    embedding: str = DEFAULT_EMBEDDING,
 ):
     """All output tensors in memory, and the report of what was done to each class."""
     from tqdm import tqdm
@@ -236,7 +254,9 @@ def _quantize_tensors(
             f"{src} has no {HEAD} and does not tie it to {EMBEDDING}; cannot build the output head"
         )
 
-    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point)
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding)
+    # Format 3: the embedding 4-bit; a tied matrix once, as the embedding (the head shares it at load).
+    tied_int4 = embedding == "int4" and head_source == EMBEDDING
     written: dict[str, torch.Tensor] = {}
     quantized_prefixes: list[str] = []
 
@@ -261,6 +281,9 @@ def _quantize_tensors(
         if LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
             store_4bit(name.removesuffix(".weight"), tensor, LINEAR_4BIT)
             continue
+        if name == EMBEDDING and embedding == "int4":
+            store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT)
+            continue
         if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
             raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
         row = _classify_kept(name, tensor)
@@ -269,8 +292,9 @@ def _quantize_tensors(
         report.tensors[row] += 1
         report.source_bytes[row] += size
         report.written_bytes[row] += size
-    store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT)
-    if head_source == EMBEDDING:
+    if not tied_int4:
+        store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT)
+    if head_source == EMBEDDING and not tied_int4:
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
     if not report.tensors.get(LINEAR_4BIT):
         raise UnsupportedCheckpointError(
@@ -287,25 +311,32 @@ def _write_checkpoint(
     zero_point: str,
     written: dict[str, torch.Tensor],
     quantized_prefixes: list[str],
+    embedding: str = DEFAULT_EMBEDDING,
+    tied: bool = False,
 ) -> None:
     from safetensors.torch import save_file
 
+    version = format_version_for(embedding)
     out_config = dict(config)
-    out_config["tie_word_embeddings"] = False
+    # Tied (format 3): the head shares the stored embedding. Otherwise vLLM's llama/qwen2
+    # must build a head of its own and load lm_head.*.
+    out_config["tie_word_embeddings"] = tied
     out_config["quantization_config"] = {
         "quant_method": QUANT_METHOD,
         "bits": BITS,
         "group_size": group_size,
-        "format_version": FORMAT_VERSION,
+        "format_version": version,
         "lm_head": True,
         "zero_point": zero_point,
     }
+    if version >= 3:
+        out_config["quantization_config"]["embedding"] = embedding
     with atomic_directory(out) as tmp:
         save_file(
             written,
             str(tmp / OUTPUT_WEIGHTS),
             metadata={"format": "pt", "quant_method": QUANT_METHOD,
-                      "format_version": str(FORMAT_VERSION)},
+                      "format_version": str(version)},
         )
         (tmp / OUTPUT_WEIGHTS).chmod(0o644)  # safetensors creates it 0600
         (tmp / "config.json").write_text(json.dumps(out_config, indent=2, sort_keys=True) + "\n")
@@ -315,10 +346,10 @@ def _write_checkpoint(
         write_manifest(
             tmp,
             [OUTPUT_WEIGHTS, "config.json"],
-            {"quant_method": QUANT_METHOD, "format_version": FORMAT_VERSION, "group_size": group_size,
-             "zero_point": zero_point},
+            {"quant_method": QUANT_METHOD, "format_version": version, "group_size": group_size,
+             "zero_point": zero_point, "embedding": embedding},
         )
-        _verify_written(tmp, quantized_prefixes)
+        _verify_written(tmp, quantized_prefixes, embedding, tied)
 
 
 def _is_copied_metadata(path: Path) -> bool:
@@ -330,8 +361,9 @@ def _is_copied_metadata(path: Path) -> bool:
     )
 
 
-def _verify_written(directory: Path, quantized_prefixes: list[str]) -> None:
-    """Re-read what was written: every linear layer and the head must be 4-bit."""
+def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: str = DEFAULT_EMBEDDING,
+                    tied: bool = False) -> None:
+    """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit."""
     from safetensors import safe_open
 
     verify_manifest(directory)
@@ -352,8 +384,13 @@ def _verify_written(directory: Path, quantized_prefixes: list[str]) -> None:
                 problems.append(str(exc))
             if scales.dtype != SCALE_DTYPE:
                 problems.append(f"{prefix}: scales are {scales.dtype}, expected {SCALE_DTYPE}")
-        if "lm_head.qweight" not in names:
+        if tied:
+            if any(n.startswith("lm_head.") for n in names):
+                problems.append("a tied head is stored as the embedding, but lm_head.* tensors were written")
+        elif "lm_head.qweight" not in names:
             problems.append("the output head lm_head is not stored 4-bit")
+        if embedding == "int4" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
+            problems.append("the input embedding is not stored 4-bit")
         leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or n == HEAD]
         if leftovers:
             problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
@@ -381,6 +418,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "for weights that came from such a GGUF with --group-size 32); int: a 4-bit zero point "
         "(AWQ/GPTQ; needed by the W4A8 AMX kernel). Default: %(default)s",
     )
+    parser.add_argument(
+        "--embedding",
+        default=DEFAULT_EMBEDDING,
+        choices=EMBEDDING_FORMATS,
+        help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); bf16: copied "
+        "unchanged, a tied head given its own 4-bit copy (format 2). Default: %(default)s",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -390,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = build_cpu_int4_checkpoint(
             args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite,
-            zero_point=args.zero_point,
+            zero_point=args.zero_point, embedding=args.embedding,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

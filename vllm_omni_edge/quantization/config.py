@@ -2,14 +2,17 @@
 
 Read from ``config.json``::
 
-    "quantization_config": {"quant_method": "cpu_int4", "bits": 4, "group_size": 128,
-                            "format_version": 2, "lm_head": true, "zero_point": "float"}
+    "quantization_config": {"quant_method": "cpu_int4", "bits": 4, "group_size": 32,
+                            "format_version": 3, "lm_head": true, "zero_point": "float",
+                            "embedding": "int4"}
 
-(format_version 1 checkpoints, ``"zero_point": true``, hold integer zero points
-and still load.) With no ``quantization_config`` and ``quantization="cpu_int4"``,
+Format 3 stores the input embedding 4-bit (``embedding.py``); format 2 checkpoints
+keep it bf16 and format 1 ones (``"zero_point": true``) hold integer zero points;
+both still load. With no ``quantization_config`` and ``quantization="cpu_int4"``,
 vLLM builds ``CpuInt4Config()`` and the bf16 weights are quantized at load (group
-32, float zero points, head included). Other online settings go through
-``hf_overrides={"quantization_config_dict_json": '{"group_size": 128}'}``.
+32, float zero points, head and input embedding included: what format 3 stores).
+Other online settings go through
+``hf_overrides={"quantization_config_dict_json": '{"group_size": 128, "embedding": "bf16"}'}``.
 """
 
 from __future__ import annotations
@@ -22,21 +25,24 @@ import torch
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.quantization import evidence
 from vllm_omni_edge.quantization.int4 import (
     BITS,
+    DEFAULT_EMBEDDING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_ZERO_POINT,
     READABLE_FORMAT_VERSIONS,
     ZERO_POINT_MODES,
     Int4FormatError,
+    check_embedding_format,
     check_group_size,
     check_zero_point,
     group_size_for,
 )
+from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
 from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
 from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest
 
@@ -47,20 +53,23 @@ logger = get_logger("cpu_int4")
 @register_quantization_config(QUANT_METHOD)
 class CpuInt4Config(QuantizationConfig):
     def __init__(self, group_size: int = DEFAULT_GROUP_SIZE, lm_head: bool = True, prequantized: bool = False,
-                 zero_point: str = DEFAULT_ZERO_POINT):
+                 zero_point: str = DEFAULT_ZERO_POINT, embedding: str = DEFAULT_EMBEDDING):
         super().__init__()
         check_group_size(group_size)
         check_zero_point(zero_point)
+        check_embedding_format(embedding)
         self.group_size = group_size
         self.zero_point = zero_point
         self.lm_head = lm_head
+        # The input embedding: "int4" (format 3, online default) or "bf16" (formats 1-2).
+        self.embedding = embedding
         # True when the checkpoint already holds qweight/scales/zeros.
         self.prequantized = prequantized
 
     def __repr__(self) -> str:
         return (
             f"CpuInt4Config(group_size={self.group_size}, lm_head={self.lm_head}, "
-            f"prequantized={self.prequantized}, zero_point={self.zero_point!r})"
+            f"prequantized={self.prequantized}, zero_point={self.zero_point!r}, embedding={self.embedding!r})"
         )
 
     def get_name(self) -> str:
@@ -103,15 +112,19 @@ class CpuInt4Config(QuantizationConfig):
             raise bad(f"zero_point={zero_point!r}; expected one of {', '.join(ZERO_POINT_MODES)}")
         if "group_size" not in config:
             raise bad("group_size is missing")
+        embedding = config.get("embedding", "int4") if version >= 3 else "bf16"
+        if version >= 3 and embedding != "int4":
+            raise bad(f"embedding={embedding!r}; format_version {version} stores it int4")
         return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True,
-                   zero_point=zero_point)
+                   zero_point=zero_point, embedding=embedding)
 
     @classmethod
     def from_config_dict_json(cls, config_json: str) -> "CpuInt4Config":
         """Online quantization settings from ``hf_overrides``."""
         settings = json.loads(config_json)
         return cls(int(settings.get("group_size", DEFAULT_GROUP_SIZE)), bool(settings.get("lm_head", True)),
-                   zero_point=settings.get("zero_point", DEFAULT_ZERO_POINT))
+                   zero_point=settings.get("zero_point", DEFAULT_ZERO_POINT),
+                   embedding=settings.get("embedding", DEFAULT_EMBEDDING))
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
@@ -136,10 +149,16 @@ class CpuInt4Config(QuantizationConfig):
             if not self.lm_head:
                 return None  # vLLM's unquantized head
             kind, in_features = "lm_head", layer.embedding_dim
+        elif isinstance(layer, VocabParallelEmbedding):
+            # The input embedding. 4-bit only with a 4-bit head: a tied bf16 head needs the bf16 table.
+            if self.embedding != "int4" or not self.lm_head:
+                return None
+            kind, in_features = "embedding", layer.embedding_dim
+            prefix = prefix or "embed_tokens"  # llama builds it without a prefix
         elif isinstance(layer, LinearBase):
             kind, in_features = "linear", layer.input_size
         else:
-            return None  # embeddings, attention, MoE: unquantized
+            return None  # attention, MoE: unquantized
         if not self.prequantized:
             try:
                 group_size_for(in_features, self.group_size, what=prefix)
@@ -150,4 +169,6 @@ class CpuInt4Config(QuantizationConfig):
                 )
                 return UnquantizedLinearMethod() if kind == "linear" else None
         evidence.expect(prefix)
+        if kind == "embedding":
+            return CpuInt4EmbeddingMethod(self.group_size, self.prequantized, prefix, self.zero_point)
         return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix, self.zero_point)

@@ -37,8 +37,15 @@ from __future__ import annotations
 
 import torch
 
-FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)  # version 1 = integer zero points only
+# 1: integer zero points only; 2: float offsets, input embedding bf16; 3: the input
+# embedding stored 4-bit too (``"embedding": "int4"``; a tied head reads the same bytes,
+# see embedding.py).
+FORMAT_VERSION = 3
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
+# How the input embedding is kept: "int4" (this format, rows dequantized on lookup) or
+# "bf16" (as read, the only choice of versions 1 and 2).
+EMBEDDING_FORMATS = ("int4", "bf16")
+DEFAULT_EMBEDDING = "int4"
 ZERO_POINT_MODES = ("float", "int")
 DEFAULT_ZERO_POINT = "float"
 # Group 32 with float offsets: KLD 0.065 vs 0.298 nats for group 128 on the default model
@@ -89,6 +96,19 @@ def check_zero_point(zero_point: str) -> None:
         raise Int4FormatError(
             f"zero_point {zero_point!r} is not supported (supported: {', '.join(ZERO_POINT_MODES)})"
         )
+
+
+def check_embedding_format(embedding: str) -> None:
+    if embedding not in EMBEDDING_FORMATS:
+        raise Int4FormatError(
+            f"embedding {embedding!r} is not supported (supported: {', '.join(EMBEDDING_FORMATS)})"
+        )
+
+
+def format_version_for(embedding: str) -> int:
+    """The checkpoint format a build with this embedding format writes (bf16 = the old format 2)."""
+    check_embedding_format(embedding)
+    return FORMAT_VERSION if embedding == "int4" else 2
 
 
 def has_float_zero(zeros: torch.Tensor) -> bool:

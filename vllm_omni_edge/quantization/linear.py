@@ -16,10 +16,13 @@ Two ways in, one resident result:
 
 Either way the chosen kernel then repacks the triple once into its own layout.
 
-The LM head (``ParallelLMHead``) is built by the same method: it gets its own
-4-bit copy while the input embedding stays bf16 for lookups. With tied word
-embeddings and online quantization, the head first shares the embedding's
-bf16 weight (so it is loaded once), quantizes from it, then drops its reference.
+The LM head (``ParallelLMHead``) is built by the same method. With tied word
+embeddings and a cpu_int4 input embedding (format 3, or online), the head shares
+the embedding's matrix: the stored triple (pre-quantized) or the bf16 weight
+(online, quantized once here); after its kernel repacks it, the embedding is
+pointed at the repacked bytes (``embedding.py``), so one copy is resident.
+With a bf16 embedding (formats 1-2), the head keeps its own 4-bit ``lm_head.*``
+(pre-quantized) or quantizes from the shared bf16 weight and drops its reference.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_omni_edge.levers import int4_layerwise_load
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.quantization import evidence
+from vllm_omni_edge.quantization.embedding import (
+    is_int4_embedding,
+    share_with_embedding,
+    tie_head_to_embedding,
+)
 from vllm_omni_edge.quantization.int4 import (
     DEFAULT_ZERO_POINT,
     SCALE_DTYPE,
@@ -58,6 +66,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         self.prequantized = prequantized
         self.kind = kind  # "linear" | "lm_head"
         self.prefix = prefix
+        self.tied_embedding: torch.nn.Module | None = None  # set by tie_weights (int4 embedding)
         # vLLM's loader reads this to run layer-wise online processing.
         self.uses_meta_device = not prequantized and int4_layerwise_load()
 
@@ -118,10 +127,14 @@ class CpuInt4LinearMethod(LinearMethodBase):
             initialize_online_processing(layer)
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
-        if not self.prequantized:
+        if is_int4_embedding(embed_tokens):
+            # One matrix for both: loaded once, as the embedding; repacked here, handed back.
+            tie_head_to_embedding(layer, embed_tokens, self.prequantized)
+            self.tied_embedding = embed_tokens
+        elif not self.prequantized:
             # Share the bf16 weight so it is loaded once; quantized from it later.
             layer.weight = embed_tokens.weight
-        # Pre-quantized: the head keeps its own lm_head.* 4-bit tensors.
+        # Pre-quantized with a bf16 embedding: the head keeps its own lm_head.* 4-bit tensors.
         return layer
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -144,8 +157,12 @@ class CpuInt4LinearMethod(LinearMethodBase):
         logger.debug("cpu_int4: %s (K=%d N=%d g=%d) -> %s: %s",
                      self.prefix, K, N, g, kernel_cls.name, reason)
         kernel = kernel_cls()
+        stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
         kernel.process_weights(layer)
         layer.int4_kernel = kernel
+        if self.tied_embedding is not None:
+            share_with_embedding(layer, self.tied_embedding, kernel.name, stored)
+        del stored
         evidence.record(
             evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g,
                                  dense_prefill_copy=hasattr(layer, "dense_weight"))
