@@ -12,6 +12,7 @@ inherit the front end's environment).
 | oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
 | cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
+| cpu_int4 rows16 prefill (calls of 32 rows or more): a bf16 GEMM (oneDNN) on blocks dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or the W4A8 tiles as decode (w4a8) | VLLM_OMNI_EDGE_INT4_PREFILL=auto/bf16/w4a8 | auto | quantization/kernels/avx2_w4a8.py (csrc: rows16_bf16_mm) |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 | process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
@@ -27,7 +28,6 @@ inherit the front end's environment).
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
 | garbage collection while `serve` or an engine core (`LLM()` in one process, vLLM's engine-core child) starts: youngest generation only, frozen before the load (young); paused, one full collection before the load (pause or 1); CPython's throughout (0) | VLLM_OMNI_EDGE_STARTUP_GC=young/pause/1/0 | young | levers/startup_gc.py, patches/frontend/startup_gc.py, patches/frontend/engine_start_gc.py |
 | inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
-| triton's part of inductor's compile cache key remembered across starts (stamped by its files); or hashed every start (no start-up gain resolved: opt-in) | VLLM_OMNI_EDGE_COMPILE_KEY_MEMO=0/1 | 0 | patches/worker/compile_key_prefetch.py |
 | the path of inductor's precompiled C++ header remembered across starts; or preprocessed every start | VLLM_OMNI_EDGE_PCH_MEMO=1/0 | 1 | patches/worker/precompiled_header_memo.py |
 | a cpu_int4 checkpoint's SHA-256 check: once per file version (size, mtime, ctime, inode), or every start | VLLM_OMNI_EDGE_WEIGHTS_CHECK=once/always | once | quantization/manifest.py |
 | vLLM's renderer tokenizer pool: one deep copy up front, more only when threads use it at once; or vLLM's renderer_num_workers + 1 up front | VLLM_OMNI_EDGE_TOKENIZER_POOL=lazy/vllm | lazy | patches/frontend/tokenizer_pool.py |
@@ -45,6 +45,7 @@ KV_DEFAULT_ENV = "VLLM_OMNI_EDGE_KV_DEFAULT"
 EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
+INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
 WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
@@ -60,7 +61,6 @@ ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
 WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
-COMPILE_KEY_MEMO_ENV = "VLLM_OMNI_EDGE_COMPILE_KEY_MEMO"
 STEP_HANDOFF_ENV = "VLLM_OMNI_EDGE_STEP_HANDOFF"
 KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
 
@@ -99,11 +99,6 @@ def weights_check_always() -> bool:
 
 def pch_memo_enabled() -> bool:
     return _choice(PCH_MEMO_ENV, ("1", "0"), "1") == "1"
-
-
-def compile_key_memo_enabled() -> bool:
-    # Off by default: no start-up gain resolved (start-up-compile-key-memo: 1.03x, 0.87-1.38).
-    return _choice(COMPILE_KEY_MEMO_ENV, ("0", "1"), "0") == "1"
 
 
 def isa_probe_memo_enabled() -> bool:
@@ -159,6 +154,12 @@ def int4_layerwise_load() -> bool:
 
 def int4_dense_prefill_copy() -> bool:
     return _choice(INT4_LAYOUTS_ENV, ("one", "two"), "one") == "two"
+
+
+def int4_prefill_mode() -> str:
+    """``auto``: rows16 prefill on the bf16 GEMM where the CPU has AMX; ``bf16``: on any CPU;
+    ``w4a8``: prefill on the W4A8 tiles, as decode (the A/B arm)."""
+    return _choice(INT4_PREFILL_ENV, ("auto", "bf16", "w4a8"), "auto")
 
 
 def heap_trim_enabled() -> bool:

@@ -6,6 +6,10 @@
 unquantized (online quantization of a shape the format cannot hold) count as
 "<kind>:unquantized". When every layer the config handed a method to has been
 processed, one INFO line summarises the choices.
+
+``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196}``: calls of the rows16 ops in this
+process by the path the op took (the W4A8 tiles, or the bf16 GEMM it branches to for
+prefill); counted by the op itself, so it holds inside compiled graphs too.
 """
 
 from __future__ import annotations
@@ -82,3 +86,17 @@ def reset() -> None:
         _expected.clear()
         _choices.clear()
         _summarised = False
+
+
+def rows16_paths() -> dict[str, int]:
+    """Calls of the rows16 ops by path, counted in C++; zeros if the library is not loaded."""
+    import torch
+
+    from vllm_omni_edge.quantization.kernels.native import OP_NAMESPACE
+
+    counts = getattr(getattr(torch.ops, OP_NAMESPACE), "rows16_path_counts", None)
+    try:
+        w4a8, bf16_gemm = counts() if counts is not None else (0, 0)
+    except (RuntimeError, AttributeError):  # namespaces resolve ops lazily
+        w4a8, bf16_gemm = 0, 0
+    return {"w4a8": int(w4a8), "bf16_gemm": int(bf16_gemm)}

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni_edge.cpu_features import cpu_flags
+from vllm_omni_edge.cpu_features import CpuFeatures, cpu_flags
+from vllm_omni_edge.levers import int4_prefill_mode
 from vllm_omni_edge.quantization.kernels import native
 from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
@@ -113,12 +114,59 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
     return packed, by_tile(scales), by_tile(offsets)
 
 
+# Prefill on the rows16 ops (csrc ``rows16_bf16_mm``): from this many activation rows per call,
+# bf16 activations, the weights are dequantized a block of rows at a time into a per-thread
+# bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied by
+# at::mm (oneDNN's matmul; avx512_core_amx on an AMX CPU). Below it, and for decode, the
+# W4A8 tiles. Where the threshold comes from (op level, one core, AVX-512 BF16 EPYC,
+# 2026-12-04, Qwen2.5-1.5B's four linears of a layer): dequantizing costs ~8 ms per layer
+# (0.18 ns per weight), the W4A8 tiles ~0.37 ms per row; an AMX GEMM costs a small fraction
+# of that per row, so the bf16 path pays back from about 8 / 0.37 ~ 25-30 rows. Not yet
+# measured on an AMX CPU: benchmarks/edge_harness/int4_prefill_bench.py sweeps it.
+PREFILL_MIN_ROWS = 32
+# One block's bf16 weights stay in L2 (2 MiB per core here) while oneDNN reads them; on one
+# core the block size hardly moved the GEMM's speed (0.5-8 MiB within 3 %).
+PREFILL_BLOCK_BYTES = 2 << 20
+
+
+def prefill_min_rows(features: CpuFeatures) -> int:
+    """Rows from which the rows16 ops take the bf16 GEMM on this CPU; 0 = never.
+
+    ``auto`` takes it only where the CPU has AMX: without AMX oneDNN's bf16 matmul
+    (avx512_core_bf16 or below) is no faster than the W4A8 tiles, so they keep prefill.
+    """
+    # Without AMX (EPYC Zen 4, avx512_core_bf16), one core, 512 rows, Qwen2.5-1.5B's four
+    # linears of a layer: W4A8 tiles 190 ms, this path 236 ms, a dense bf16 torch.mm 228 ms.
+    mode = int4_prefill_mode()
+    if mode == "w4a8" or (mode == "auto" and not features.amx):
+        return 0
+    return PREFILL_MIN_ROWS
+
+
+def configure_prefill(features: CpuFeatures | None = None) -> int:
+    """Tell the loaded op library from which row count to prefill on the bf16 GEMM; that count."""
+    rows = prefill_min_rows(features or CpuFeatures.detect())
+    torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES)
+    return rows
+
+
+def prefill_path_summary(rows: int) -> str:
+    if not rows:
+        return "prefill on the same W4A8 tiles"
+    return (f"prefill (>= {rows} rows, bf16) on oneDNN bf16 GEMM from blocks dequantized per call "
+            f"(scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)")
+
+
 class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
     """W4A8 with ``vpdpbusd`` on a 16-row interleaved layout (``edge_cpu_int4::w4a8_vnni_rows16_mm``).
 
     The stored triple is rearranged once at load (same bytes, one layout) so that each int32
     lane of a 512-bit vector is one weight row: a tile of 16 rows finishes with no horizontal
-    sum and no per-block lane shuffles. Same integer dot products as ``avx2_w4a8``."""
+    sum and no per-block lane shuffles. Same integer dot products as ``avx2_w4a8``.
+
+    Prefill (``PREFILL_MIN_ROWS`` rows or more per call, where ``prefill_min_rows`` enables
+    it) runs inside the same op on a bf16 GEMM from the same layout: the op branches on the
+    row count, so a graph traced once keeps both paths."""
 
     name = "avx512_w4a8_rows16"
 
@@ -129,9 +177,12 @@ class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
             return ok, why
         if N % TILE_ROWS:
             return False, f"the 16-row layout needs N a multiple of {TILE_ROWS}, got N={N}"
-        return True, "W4A8 AVX-512 VNNI, 16 rows interleaved (int8 activations per 32, vpdpbusd)"
+        rows = prefill_min_rows(features) if act_dtype == torch.bfloat16 else 0
+        return True, ("W4A8 AVX-512 VNNI, 16 rows interleaved (int8 activations per 32, vpdpbusd); "
+                      + prefill_path_summary(rows))
 
     def process_weights(self, layer):
+        configure_prefill()
         keep_dense_copy_if_asked(layer)
         packed, scales, offsets = interleave_rows16(
             layer.qweight.data, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))

@@ -24,9 +24,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -549,6 +551,156 @@ void check_weight(const char* op, const at::Tensor& qweight, const at::Tensor& s
   }
 }
 
+
+// Prefill on a bf16 GEMM straight from the 16-row layout (no resident dense copy).
+// From `min_rows` activation rows up, bf16 activations, the rows16 ops dequantize a block of
+// weight rows at a time into a per-thread bf16 scratch [K, rows] and hand it to at::mm, i.e.
+// oneDNN's matmul: on an AMX CPU its avx512_core_amx kernels, on others avx512_core_bf16 or
+// below. The weights are exactly int4.dequantize()'s bf16 weights; the product differs from
+// the W4A8 path only in skipping the int8 activation rounding (bf16 inputs, fp32 sums).
+// Decode (fewer rows) keeps the W4A8 tiles: the dequantization costs O(N K) per call, paid
+// back only over many rows. Set once per process (set_bf16_prefill, from Python at load);
+// min_rows 0 (the library's default) means never.
+std::atomic<int64_t> g_prefill_min_rows{0};
+// Bytes of one dequantized block; rows per block = bytes / (2 K), a multiple of kTileRows.
+std::atomic<int64_t> g_prefill_block_bytes{4 << 20};
+// Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 GEMM.
+std::atomic<int64_t> g_rows16_calls[2];
+
+void set_bf16_prefill(int64_t min_rows, int64_t block_bytes) {
+  TORCH_CHECK(min_rows >= 0, "set_bf16_prefill: min_rows must be >= 0 (0 = off), got ", min_rows);
+  TORCH_CHECK(block_bytes > 0, "set_bf16_prefill: block_bytes must be > 0, got ", block_bytes);
+  g_prefill_min_rows = min_rows;
+  g_prefill_block_bytes = block_bytes;
+}
+
+std::vector<int64_t> rows16_path_counts() { return {g_rows16_calls[0].load(), g_rows16_calls[1].load()}; }
+
+bool bf16_prefill(const at::Tensor& x) {
+  const int64_t min_rows = g_prefill_min_rows.load(std::memory_order_relaxed);
+  const bool prefill = min_rows > 0 && x.size(0) >= min_rows && x.scalar_type() == at::kBFloat16;
+  g_rows16_calls[prefill].fetch_add(1, std::memory_order_relaxed);
+  return prefill;
+}
+
+// fp32 -> bf16 bits, round to nearest even (as torch's .to(bfloat16); no NaNs here).
+EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// 32 k (block b) of one tile (16 weight rows) of the 16-row layout, dequantized, into rows
+// 32b .. 32b + 31, columns 0..15, of dst [K, ld]: int32 lane j of a 64-byte chunk c is row j,
+// its byte i holds k = 32b + 8c + i (low nibble) and 32b + 8c + 4 + i (high nibble), so each
+// shift gives one k for all 16 rows. q * scale + offset with one rounding (q * scale is exact
+// in fp32), then bf16: int4.dequantize()'s values.
+// (Vectors are not passed across the call: the lambdas that call it lack the AVX-512 target.)
+EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset, uint16_t* d,
+                                     int64_t ld) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld),
+                          to_bf16x16(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, m)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld),
+                          to_bf16x16(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, m)));
+    }
+  }
+}
+
+// The same with AVX512_BF16's vcvtne2ps2bf16 (two vectors to bf16 in one instruction, also
+// round to nearest even): AMX CPUs all have it.
+#define EDGE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
+EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset,
+                                          uint16_t* d, int64_t ld) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4)), s, m);
+      const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4)), s, m);
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // [lo x16, hi x16]
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld), _mm512_castsi512_si256(both));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld), _mm512_extracti64x4_epi64(both, 1));
+    }
+  }
+}
+
+bool cpu_has_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
+// Tiles [t0, t1) of a 16-row weight, dequantized into dst [K, (t1 - t0) * 16]. Threads split K
+// (blocks of 32); each block goes across all the tiles, so its 32 rows of dst are written
+// whole, in order (tile by tile across the full K, the writes strode a row apart).
+void dequantize_rows16_block(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
+                             int64_t group_size, int64_t t0, int64_t t1, uint16_t* dst, bool portable = false) {
+  const int64_t groups = K / group_size, ld = (t1 - t0) * kTileRows;
+  const int64_t blocks_per_group = group_size / kBlock;
+  static const bool native_bf16 = cpu_has_bf16();
+  const auto tile_block = native_bf16 && !portable ? dequantize_tile_block_bf16 : dequantize_tile_block;
+  at::parallel_for(0, K / kBlock, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t g = b / blocks_per_group;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rows = t * kTileRows;
+        tile_block(w + rows * (K / 2) + b * kTileBlockBytes,
+                              scale + rows * groups + g * kTileRows, offset + rows * groups + g * kTileRows,
+                              dst + b * kBlock * ld + (t - t0) * kTileRows, ld);
+      }
+    }
+  });
+}
+
+// Weight rows per dequantized block for an input of K features: the block's bytes within
+// g_prefill_block_bytes, whole tiles, at least one.
+int64_t prefill_block_rows(int64_t K, int64_t N) {
+  const int64_t rows = g_prefill_block_bytes.load(std::memory_order_relaxed) / (2 * K) / kTileRows * kTileRows;
+  return std::min(N, std::max(kTileRows, rows));
+}
+
+// out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight, block by block: each
+// block of weight rows is dequantized into this thread's scratch, then at::mm writes its
+// columns of out. The scratch is kept per calling thread (grown, never shrunk): at most
+// g_prefill_block_bytes (rounded up to one tile of 16 rows).
+void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+                    int64_t K, int64_t N, int64_t group_size, at::Tensor& out) {
+  thread_local at::Tensor scratch;
+  const int64_t block = prefill_block_rows(K, N);
+  if (!scratch.defined() || scratch.numel() < block * K) {
+    scratch = at::empty({block * K}, x.options().dtype(at::kBFloat16));
+  }
+  uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.data_ptr<at::BFloat16>());
+  for (int64_t n0 = 0; n0 < N; n0 += block) {
+    const int64_t rows = std::min(block, N - n0);
+    dequantize_rows16_block(w, scale, offset, K, group_size, n0 / kTileRows, (n0 + rows) / kTileRows, dst);
+    at::Tensor columns = out.narrow(1, n0, rows);
+    at::mm_out(columns, x, scratch.narrow(0, 0, rows * K).view({K, rows}));
+  }
+}
+
+// The 16-row weight [N, K/2] dequantized to bf16 [K, N], as the prefill GEMM reads it (tests: the
+// transpose of int4.dequantize's bf16 values, exactly; timing the dequantization alone).
+// portable: without AVX512_BF16 instructions even where the CPU has them (tests both).
+at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
+                             int64_t group_size, bool portable) {
+  const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
+  check_weight("rows16_dequantize", qweight, scales, offsets, K, group_size, true);
+  const at::Tensor w = qweight.contiguous(), s = scales.contiguous(), o = offsets.contiguous();
+  at::Tensor kn = at::empty({K, N}, scales.options());
+  dequantize_rows16_block(w.data_ptr<uint8_t>(), bf16_bits(s), bf16_bits(o), K, group_size, 0, N / kTileRows,
+                          reinterpret_cast<uint16_t*>(kn.data_ptr<at::BFloat16>()), portable);
+  return kn;
+}
+
 // Which op: the stored layout with maddubs (AVX2) or vpdpbusd, or the 16-row interleaved one.
 enum class Variant { kAvx2, kVnni, kVnniRows16 };
 
@@ -564,13 +716,17 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
   const at::Tensor s = scales.contiguous();
   const at::Tensor o = offsets.contiguous();
 
-  const ActivationBuffer buffer(M, K, group_size, x.options());
-  const QuantizedActivations a = buffer.activations();
-
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const uint16_t* sp = bf16_bits(s);
   const uint16_t* op = bf16_bits(o);
+  if (variant == Variant::kVnniRows16 && bf16_prefill(xc)) {
+    rows16_bf16_mm(xc, wp, sp, op, K, N, group_size, out);
+    return out;
+  }
+
+  const ActivationBuffer buffer(M, K, group_size, x.options());
+  const QuantizedActivations a = buffer.activations();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_mm", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     if (variant == Variant::kVnniRows16) {
@@ -669,11 +825,22 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
   const at::Tensor gs = gate_up_scales.contiguous(), go = gate_up_offsets.contiguous();
   const at::Tensor ds = down_scales.contiguous(), dz = down_offsets.contiguous();
-  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
-  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
-  const at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
+  at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
   const at::Tensor h = at::empty({M, I}, x.options());
   at::Tensor out = at::empty({M, N}, x.options());
+  if (bf16_prefill(xc)) {
+    using bf16 = at::BFloat16;
+    rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gate_up);
+    const bf16* gu = gate_up.data_ptr<bf16>();
+    bf16* hp = h.data_ptr<bf16>();
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+    });
+    rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size, out);
+    return out;
+  }
+  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
+  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_silu_mlp", [&] {
     scalar_t* gu = gate_up.data_ptr<scalar_t>();
     scalar_t* hp = h.data_ptr<scalar_t>();
@@ -741,6 +908,9 @@ TORCH_LIBRARY(edge_cpu_int4, m) {
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
         "Tensor down_offsets, int down_group_size) -> Tensor");
   m.def("interleave_rows16(Tensor qweight) -> Tensor");
+  m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False) -> Tensor");
+  m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
+  m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
@@ -749,4 +919,5 @@ TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
   m.impl("interleave_rows16", &interleave_rows16);
+  m.impl("rows16_dequantize", &rows16_dequantize);
 }

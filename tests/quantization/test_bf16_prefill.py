@@ -1,0 +1,189 @@
+"""Prefill on a bf16 GEMM straight from the rows16 layout, and the op's branch on the row count.
+
+The rows16 ops (``w4a8_vnni_rows16_mm`` and the fused ``w4a8_vnni_rows16_silu_mlp``) take,
+from ``set_bf16_prefill``'s row count up, a path that dequantizes blocks of weight rows to
+bf16 and multiplies them with at::mm. Its weights must be exactly ``int4.dequantize``'s, so
+its output differs from the dense product only by the GEMM's bf16 rounding; the branch must
+sit inside the op, so a graph compiled once takes both paths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.quantization.helpers import int4_layer, relative_error
+from vllm_omni_edge.quantization import evidence, int4
+from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures, native
+from vllm_omni_edge.quantization.kernels import avx2_w4a8
+from vllm_omni_edge.quantization.kernels.avx2_w4a8 import interleave_rows16, silu_mlp
+
+LOADED, WHY = native.load_w4a8_avx2()
+VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
+    CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True) if LOADED else (False, WHY)
+pytestmark = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
+
+ROWS = avx2_w4a8.PREFILL_MIN_ROWS
+# bf16 output rounding (2^-9 relative per element, about 0.2 % over a vector) is all the bf16
+# path adds to the exact product of the dequantized weights; the W4A8 path adds its int8
+# activation rounding (0.4-1.5 % here) on top.
+BF16_TOLERANCE = 4e-3
+W4A8_TOLERANCE = 0.02
+
+
+@pytest.fixture
+def prefill_from(request):
+    """Set the op's prefill row count (and block bytes) for one test; back to the lever after."""
+    ops = torch.ops.edge_cpu_int4
+
+    def set_rows(rows: int, block_bytes: int = avx2_w4a8.PREFILL_BLOCK_BYTES) -> None:
+        ops.set_bf16_prefill(rows, block_bytes)
+
+    yield set_rows
+    avx2_w4a8.configure_prefill()
+
+
+def rows16_layer(N, K, g, seed=0):
+    """(a layer loaded on rows16, its stored triple before the repack)."""
+    layer, _ = int4_layer(N, K, g, torch.bfloat16, seed)
+    stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
+    kernel = Avx512VnniRows16W4A8Kernel()
+    kernel.process_weights(layer)
+    layer.int4_kernel, layer.bias = kernel, None
+    return layer, stored
+
+
+def bf16_rows(M, K, seed=1):
+    return torch.randn(M, K, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+def op(layer, x):
+    return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm(x, layer.qweight, layer.scales, layer.zeros,
+                                                        layer.int4_group_size)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native-bf16", "portable"])
+@pytest.mark.parametrize("N,K,g", [(16, 32, 32), (48, 1536, 32), (32, 512, 128), (64, 8960, 32), (16, 1024, 256)])
+def test_dequantized_blocks_are_exactly_the_stored_weights(N, K, g, portable):
+    gen = torch.Generator().manual_seed(N + K)
+    qweight, scales, offsets = int4.quantize(torch.randn(N, K, generator=gen) * 0.05, g)
+    packed = interleave_rows16(qweight, scales, offsets)
+    kn = torch.ops.edge_cpu_int4.rows16_dequantize(*packed, g, portable)
+    assert kn.shape == (K, N) and kn.dtype == torch.bfloat16
+    assert torch.equal(kn, int4.dequantize(qweight, scales, offsets, dtype=torch.bfloat16).t())
+
+
+# N = 16 (one tile), 48 with blocks of one tile each (several at::mm calls), Qwen's down K.
+@pytest.mark.parametrize("N,K,g,block_bytes", [(16, 64, 32, 1 << 20), (48, 512, 64, 1), (32, 8960, 32, 1 << 20)])
+def test_prefill_is_the_bf16_product_of_the_dequantized_weights(prefill_from, N, K, g, block_bytes):
+    layer, stored = rows16_layer(N, K, g)
+    dense = int4.dequantize(*stored, dtype=torch.bfloat16)
+    x = bf16_rows(ROWS + 3, K)
+    prefill_from(ROWS, block_bytes)
+    out = op(layer, x)
+    assert out.shape == (ROWS + 3, N) and out.dtype == torch.bfloat16
+    exact = x.float() @ dense.float().t()
+    assert relative_error(out, exact) < BF16_TOLERANCE
+    assert relative_error(out, F.linear(x, dense)) < BF16_TOLERANCE  # what the dense copy gave
+    prefill_from(0)
+    assert relative_error(op(layer, x), exact) < W4A8_TOLERANCE
+
+
+def test_the_row_count_picks_the_path(prefill_from):
+    layer, _ = rows16_layer(32, 256, 32)
+    prefill_from(ROWS)
+    before = evidence.rows16_paths()
+    op(layer, bf16_rows(ROWS - 1, 256))
+    op(layer, bf16_rows(ROWS, 256))
+    op(layer, bf16_rows(1, 256))
+    op(layer, bf16_rows(ROWS, 256).float())  # fp32 activations stay on W4A8
+    after = evidence.rows16_paths()
+    assert after["w4a8"] - before["w4a8"] == 3 and after["bf16_gemm"] - before["bf16_gemm"] == 1
+    prefill_from(0)
+    op(layer, bf16_rows(512, 256))
+    assert evidence.rows16_paths()["bf16_gemm"] == after["bf16_gemm"]
+
+
+def test_fused_mlp_prefill_matches_its_parts(prefill_from):
+    H, I = 256, 512
+    gate_up, _ = rows16_layer(2 * I, H, 32, seed=2)
+    down, _ = rows16_layer(H, I, 32, seed=3)
+    x = bf16_rows(ROWS + 5, H)
+    prefill_from(ROWS)
+    before = evidence.rows16_paths()["bf16_gemm"]
+    fused = silu_mlp(gate_up, down, x)
+    assert evidence.rows16_paths()["bf16_gemm"] == before + 1
+    y = op(gate_up, x).float()
+    h = (F.silu(y[:, :I]) * y[:, I:]).to(torch.bfloat16)
+    parts = op(down, h)
+    # Same bf16 GEMMs and roundings; only exp (polynomial vs libm) can move a bf16 ulp of h.
+    assert relative_error(fused, parts) < 2e-3
+    prefill_from(0)
+    assert relative_error(silu_mlp(gate_up, down, x), parts) < 0.03  # the W4A8 MLP, for scale
+
+
+def test_a_compiled_graph_keeps_both_paths(prefill_from):
+    """Traced once (rows dynamic): 512 rows take the bf16 GEMM, 1 row the W4A8 tiles, same graph."""
+    import torch._dynamo
+
+    H, I = 128, 256
+    qkv, _ = rows16_layer(H, H, 32, seed=4)
+    gate_up, _ = rows16_layer(2 * I, H, 32, seed=5)
+    down, _ = rows16_layer(H, I, 32, seed=6)
+
+    def block(x):
+        y = qkv.int4_kernel.apply(qkv, x, None)
+        return silu_mlp(gate_up, down, y.relu())
+
+    prefill_from(ROWS)
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="inductor", fullgraph=True)
+    torch._dynamo.utils.counters.clear()
+    prompt, token = bf16_rows(512, H), bf16_rows(1, H, seed=7)
+    torch._dynamo.decorators.mark_unbacked(prompt, 0)  # no 0/1 specialisation: one graph for every row count
+    with torch.inference_mode():
+        start = evidence.rows16_paths()
+        out_prefill = compiled(prompt)
+        mid = evidence.rows16_paths()
+        out_decode = compiled(token)
+        end = evidence.rows16_paths()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert mid["bf16_gemm"] - start["bf16_gemm"] == 2 and mid["w4a8"] == start["w4a8"]
+    assert end["w4a8"] - mid["w4a8"] == 2 and end["bf16_gemm"] == mid["bf16_gemm"]
+    eager = block(prompt)
+    assert relative_error(out_prefill, eager) < 1e-2 and relative_error(out_decode, block(token)) < 1e-2
+
+
+def test_lever_and_cpu_decide_the_row_count(monkeypatch):
+    amx = CpuFeatures(capability="AVX512", amx=True, vllm_w4a8_op=False)
+    no_amx = CpuFeatures(capability="AVX512", amx=False, vllm_w4a8_op=False)
+    monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL", raising=False)
+    assert avx2_w4a8.prefill_min_rows(amx) == ROWS and avx2_w4a8.prefill_min_rows(no_amx) == 0
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
+    assert avx2_w4a8.prefill_min_rows(no_amx) == ROWS
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
+    assert avx2_w4a8.prefill_min_rows(amx) == 0
+
+
+def test_loading_a_layer_configures_the_op_and_says_so(monkeypatch, prefill_from):
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
+    layer, _ = rows16_layer(16, 64, 32)  # process_weights configures the library
+    before = evidence.rows16_paths()["bf16_gemm"]
+    op(layer, bf16_rows(ROWS, 64))
+    assert evidence.rows16_paths()["bf16_gemm"] == before + 1
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
+                                                        float_zero=True)
+    assert ok and f">= {ROWS} rows" in why
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
+                                                        float_zero=True)
+    assert ok and "prefill on the same W4A8 tiles" in why
+
+
+def test_no_dense_weight_is_kept(prefill_from):
+    layer, _ = rows16_layer(32, 256, 32)
+    prefill_from(ROWS)
+    op(layer, bf16_rows(ROWS, 256))
+    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
+    assert layer.qweight.dtype == torch.uint8
