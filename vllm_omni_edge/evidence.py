@@ -186,8 +186,6 @@ def collect_worker_evidence(worker) -> dict:
         "compile_cache": _compile_cache_counts(),
         # Inductor's ISA load probes this process answered from the memo or ran (isa_probe_memo).
         "isa_probes": _isa_probes(),
-        # Triton's compile-key hash set from the memo or computed (compile_key_prefetch).
-        "compile_keys": _compile_keys(),
         # Inductor's precompiled-header path from the memo, or preprocessed (precompiled_header_memo).
         "precompiled_headers": _precompiled_headers(),
         # Which wrapper runs the compiled graph (patches/frontend/inductor_cpp_wrapper.py).
@@ -294,12 +292,6 @@ def _isa_probes() -> dict[str, int]:
     from vllm_omni_edge.patches.worker import isa_probe_memo
 
     return dict(isa_probe_memo.counts)
-
-
-def _compile_keys() -> dict[str, int]:
-    from vllm_omni_edge.patches.worker import compile_key_prefetch
-
-    return dict(compile_key_prefetch.counts)
 
 
 def _precompiled_headers() -> dict[str, int]:
