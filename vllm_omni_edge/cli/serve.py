@@ -146,6 +146,19 @@ def edge_serve_argv(args: list[str]) -> list[str]:
         if not has_option(args, "--served-model-name"):
             args += ["--served-model-name", model]  # requests name the model as the user did
         model = str(cached)
+    elif model is not None and Path(model).expanduser().suffix == ".gguf":
+        # A GGUF file: serve the checkpoint built from it once (cached by its SHA-256).
+        from vllm_omni_edge.models.gguf_serving import GgufServingError, serving_checkpoint
+        from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError
+
+        try:
+            built = serving_checkpoint(model)
+        except (GgufServingError, UnsupportedCheckpointError) as err:
+            raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
+        args = _replace_model(args, model, str(built))
+        if not has_option(args, "--served-model-name"):
+            args += ["--served-model-name", Path(model).name]
+        model = str(built)
     if model is None:
         from vllm_omni_edge.models.default_model import pull_default_model
 
