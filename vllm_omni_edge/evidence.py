@@ -161,6 +161,8 @@ def collect_worker_evidence(worker) -> dict:
         "max_model_len": worker.model_config.max_model_len,
         "rope": rope,
         "weights_bytes_by_dtype": dict(weights),
+        "weights_bytes_by_class": _weights_by_class(
+            model, (VocabParallelEmbedding,), (ParallelLMHead,)),
         "heap_trim": _heap_trim(),
         **_rms_norm_dispatch(model),
         "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
@@ -341,6 +343,34 @@ def _unique_tensors(model):
             continue
         seen.add(ptr)
         yield tensor
+
+
+def weight_class(module_name: str, module, embedding_types: tuple, head_types: tuple) -> str:
+    """What a parameter's owner is, for the memory breakdown: embedding, head, linear or other."""
+    if isinstance(module, head_types) or module_name.endswith("lm_head"):
+        return "head"
+    if isinstance(module, embedding_types):
+        return "embedding"
+    if hasattr(module, "quant_method") or module_name.rsplit(".", 1)[-1].endswith("proj"):
+        return "linear"
+    return "other"
+
+
+def _weights_by_class(model, embedding_types: tuple, head_types: tuple) -> dict[str, int]:
+    """Bytes of parameters and buffers by the class of the module that owns them, each storage
+    once (a head tied to the embedding is counted where it is met first, the embedding)."""
+    by_class: dict[str, int] = defaultdict(int)
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        kind = weight_class(name, module, embedding_types, head_types)
+        tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() in seen or tensor.device.type == "meta":
+                continue
+            seen.add(storage.data_ptr())
+            by_class[kind] += storage.nbytes()
+    return dict(by_class)
 
 
 def update_worker_evidence(**fields) -> Path | None:

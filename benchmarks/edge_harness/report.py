@@ -236,6 +236,53 @@ def _memory_table(art: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _median_or_none(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def memory_breakdown_row(arm: str, records: list[dict[str, Any]], tree_pss: float | None) -> str:
+    """One arm's steady tree PSS split into weights by class, KV and the rest (medians over passes)."""
+    workers = [((r.get("evidence") or {}).get("workers") or [{}])[0] for r in records]
+    if any((r.get("result") or {}).get("engine") == "llamacpp" for r in records):
+        weights = _median_or_none([w.get("model_size_bytes") for w in workers])
+        rest = tree_pss - weights if tree_pss is not None and weights is not None else None
+        # The model file's bytes in the "other weights" column; llama.cpp reports no split or KV here.
+        cells = ["—", "—", "—", format_mib(weights) + " (file)" if weights else "—", "—"]
+        return f"| {arm} | {format_mib(tree_pss) if tree_pss else '—'} | " + " | ".join(cells) + \
+            f" | {format_mib(rest) if rest is not None else '—'} |"
+    by_class = [w.get("weights_bytes_by_class") or {} for w in workers]
+    cls = {k: _median_or_none([b.get(k, 0) for b in by_class]) if any(by_class) else None
+           for k in ("linear", "embedding", "head", "other")}
+    kv = _median_or_none([w.get("kv_cache_bytes") for w in workers])
+    lazy = _median_or_none([w.get("kv_cache_mapped_bytes") for w in workers]) or 0
+    weights = sum(v for v in cls.values() if v is not None) if any(by_class) else None
+    counted = (weights or 0) + (0 if lazy else (kv or 0))
+    rest = tree_pss - counted if tree_pss is not None and weights is not None else None
+    kv_text = "—" if kv is None else format_mib(kv) + (" (resident as used)" if lazy else "")
+    cells = [format_mib(cls[k]) if cls[k] is not None else "—" for k in ("linear", "embedding", "head", "other")]
+    return (f"| {arm} | {format_mib(tree_pss) if tree_pss else '—'} | " + " | ".join(cells) +
+            f" | {kv_text} | {format_mib(rest) if rest is not None else '—'} |")
+
+
+def _memory_breakdown_table(art: dict[str, Any]) -> list[str]:
+    lines = ["## Memory breakdown (steady tree PSS, medians over passes)", "",
+             "| arm | tree PSS | linear weights | embedding | head | other weights | KV cache | "
+             "rest: runtime, heap, compile |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in (a["name"] for a in art["grid"]["arms"]):
+        records = [r for r in art["passes"] if r["arm"] == arm and r.get("status") == OK]
+        if not records:
+            continue
+        fig = art["summary"]["arms"].get(arm, {}).get("tree PSS steady")
+        lines.append(memory_breakdown_row(arm, records, fig["median"] if fig else None))
+    lines += ["", "Weights are each storage once, by the class of the module holding it (a tied head is "
+              "counted with the embedding). A KV cache resident as used is left in the rest, which "
+              "then holds the part of it the passes wrote; otherwise the whole buffer is resident and "
+              "taken out. llama.cpp: its model file's size.", ""]
+    return lines
+
+
 BANDWIDTH_FILE = "bandwidth.json"  # benchmarks/edge_harness/bandwidth.py's artifact, put next to the grid's
 
 
@@ -351,6 +398,7 @@ def render_markdown(art: dict[str, Any]) -> str:
         lines += _llamacpp_table(art)
         lines += _agent_table(art)
         lines += _memory_table(art)
+        lines += _memory_breakdown_table(art)
         lines += _ceiling_table(art)
     else:
         lines += _refusal(art["summary"])

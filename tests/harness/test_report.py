@@ -91,3 +91,26 @@ def test_cli_run_then_report(tmp_path, fake_engine, capsys):
     assert order == ["a", "b", "b", "a", "a", "b"]
     (out / "report.md").unlink()
     assert cli.main(["report", str(out)]) == cli.EXIT_OK and (out / "report.md").exists()
+
+
+def test_memory_breakdown_takes_weights_and_an_eager_kv_out_of_the_tree():
+    from benchmarks.edge_harness.report import memory_breakdown_row
+
+    mib = 1 << 20
+    worker = {"weights_bytes_by_class": {"linear": 60 * mib, "embedding": 30 * mib, "head": 0, "other": 1 * mib},
+              "kv_cache_bytes": 100 * mib, "kv_cache_mapped_bytes": 0}
+    row = memory_breakdown_row("a", [{"evidence": {"workers": [worker]}, "result": {}}], 500 * mib)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "a" and cells[-1] == "309.0 MiB"  # 500 - 91 weights - 100 KV
+    lazy = dict(worker, kv_cache_mapped_bytes=100 * mib)
+    row = memory_breakdown_row("b", [{"evidence": {"workers": [lazy]}, "result": {}}], 500 * mib)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[-2].endswith("(resident as used)") and cells[-1] == "409.0 MiB"  # the KV's written part stays in
+
+
+def test_memory_breakdown_row_of_llamacpp_has_the_same_columns():
+    from benchmarks.edge_harness.report import memory_breakdown_row
+
+    row = memory_breakdown_row("l", [{"evidence": {"workers": [{"model_size_bytes": 90 << 20}]},
+                                      "result": {"engine": "llamacpp"}}], 200 << 20)
+    assert row.count("|") == 9 and row.strip().endswith("110.0 MiB |")
