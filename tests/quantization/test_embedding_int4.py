@@ -234,3 +234,45 @@ def test_format_3_without_int4_embedding_is_refused():
     with pytest.raises(int4.Int4FormatError, match="embedding"):
         CpuInt4Config.from_config({"quant_method": "cpu_int4", "bits": 4, "group_size": 32,
                                    "format_version": 3, "zero_point": "float", "embedding": "bf16"})
+
+
+# --- int8 rows (the embedding format for when 4-bit costs quality) ------------------------------
+
+
+def test_int8_rows_lookup_is_dequantize_of_the_rows():
+    from vllm_omni_edge.quantization.embedding import lookup_int8
+
+    w = torch.randn(320, 128) * 0.05
+    q, s = int4.quantize_rows_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (320, 1) and int(q.abs().max()) <= 127
+    assert float((int4.dequantize_rows_int8(q, s) - w).abs().max()) <= float(s.float().max()) / 2 + 1e-6
+    assert torch.equal(lookup_int8(IDS, q, s, BF16), int4.dequantize_rows_int8(q, s, dtype=BF16)[IDS])
+
+
+def test_builder_int8_embedding_and_a_tied_head_of_its_own(tiny_llama, tmp_path):
+    out = tmp_path / "int8"
+    report = build_cpu_int4_checkpoint(tiny_llama, out, group_size=32, progress=False, embedding="int8")
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["model.embed_tokens.qweight"].dtype == torch.int8 and "model.embed_tokens.weight" not in tensors
+    assert "lm_head.qweight" in tensors
+    config = json.loads((out / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    assert (config["quantization_config"]["format_version"], config["quantization_config"]["embedding"]) == (3, "int8")
+    assert report.tensors[builder.EMBEDDING_INT8] == 1
+
+
+def test_prequantized_int8_embedding_loads_and_looks_up(vllm_single_process):
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from vllm_omni_edge.quantization.config import CpuInt4Config
+
+    cfg = CpuInt4Config.from_config({"quant_method": "cpu_int4", "bits": 4, "group_size": 32,
+                                     "format_version": 3, "zero_point": "float", "embedding": "int8"})
+    embed = VocabParallelEmbedding(300, 128, params_dtype=BF16, quant_config=cfg)
+    q, s = int4.quantize_rows_int8(torch.randn(300, 128) * 0.05)
+    for name, t in (("qweight", q), ("scales", s)):
+        getattr(embed, name).weight_loader(getattr(embed, name), t)
+    embed.quant_method.process_weights_after_loading(embed)
+    ids = IDS % 300
+    assert torch.equal(embed(ids), int4.dequantize_rows_int8(q, s, dtype=BF16)[ids])
+    assert evidence.kernel_counts()["embedding:gather_int8"] == 1

@@ -50,9 +50,11 @@ from vllm_omni_edge.quantization.int4 import (
     check_triple,
     check_zero_point,
     dequantize,
+    dequantize_rows_int8,
     format_version_for,
     group_size_for,
     quantize,
+    quantize_rows_int8,
 )
 from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest, write_manifest
 
@@ -76,6 +78,7 @@ LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
     "linear 4-bit", "head 4-bit", "embedding", "norms", "biases", "other",
 )
 EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
+EMBEDDING_INT8 = "embedding int8"
 EMBEDDING_PREFIX = EMBEDDING.removesuffix(".weight")
 
 
@@ -102,7 +105,8 @@ class BuildReport:
         return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
 
     def table(self) -> str:
-        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER)
+        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS, BIASES,
+                 OTHER)
         rows = [r for r in order if self.tensors.get(r)]
         header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
         lines = ["{:<14} {:>7} {:>11} {:>12} {:>13}".format(*header)]
@@ -284,6 +288,16 @@ def _quantize_tensors(
         if name == EMBEDDING and embedding == "int4":
             store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT)
             continue
+        if name == EMBEDDING and embedding == "int8":
+            q, scales = quantize_rows_int8(tensor)
+            ref = tensor.float()
+            report._sq_err[EMBEDDING_INT8] += float((dequantize_rows_int8(q, scales) - ref).square().sum())
+            report._sq_ref[EMBEDDING_INT8] += float(ref.square().sum())
+            written[f"{EMBEDDING_PREFIX}.qweight"], written[f"{EMBEDDING_PREFIX}.scales"] = q, scales
+            report.tensors[EMBEDDING_INT8] += 1
+            report.source_bytes[EMBEDDING_INT8] += tensor.numel() * tensor.element_size()
+            report.written_bytes[EMBEDDING_INT8] += q.numel() + scales.numel() * scales.element_size()
+            continue
         if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
             raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
         row = _classify_kept(name, tensor)
@@ -389,8 +403,8 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
                 problems.append("a tied head is stored as the embedding, but lm_head.* tensors were written")
         elif "lm_head.qweight" not in names:
             problems.append("the output head lm_head is not stored 4-bit")
-        if embedding == "int4" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
-            problems.append("the input embedding is not stored 4-bit")
+        if embedding != "bf16" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
+            problems.append(f"the input embedding is not stored {embedding}")
         leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or n == HEAD]
         if leftovers:
             problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
@@ -422,8 +436,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--embedding",
         default=DEFAULT_EMBEDDING,
         choices=EMBEDDING_FORMATS,
-        help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); bf16: copied "
-        "unchanged, a tied head given its own 4-bit copy (format 2). Default: %(default)s",
+        help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
+        "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
+        "a tied head given its own 4-bit copy (format 2). Default: %(default)s",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

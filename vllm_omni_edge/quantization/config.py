@@ -61,7 +61,7 @@ class CpuInt4Config(QuantizationConfig):
         self.group_size = group_size
         self.zero_point = zero_point
         self.lm_head = lm_head
-        # The input embedding: "int4" (format 3, online default) or "bf16" (formats 1-2).
+        # The input embedding: "int4" (format 3, online default), "int8" (format 3) or "bf16" (formats 1-2).
         self.embedding = embedding
         # True when the checkpoint already holds qweight/scales/zeros.
         self.prequantized = prequantized
@@ -113,8 +113,8 @@ class CpuInt4Config(QuantizationConfig):
         if "group_size" not in config:
             raise bad("group_size is missing")
         embedding = config.get("embedding", "int4") if version >= 3 else "bf16"
-        if version >= 3 and embedding != "int4":
-            raise bad(f"embedding={embedding!r}; format_version {version} stores it int4")
+        if version >= 3 and embedding not in ("int4", "int8"):
+            raise bad(f"embedding={embedding!r}; format_version {version} stores it int4 or int8")
         return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True,
                    zero_point=zero_point, embedding=embedding)
 
@@ -151,7 +151,7 @@ class CpuInt4Config(QuantizationConfig):
             kind, in_features = "lm_head", layer.embedding_dim
         elif isinstance(layer, VocabParallelEmbedding):
             # The input embedding. 4-bit only with a 4-bit head: a tied bf16 head needs the bf16 table.
-            if self.embedding != "int4" or not self.lm_head:
+            if self.embedding == "bf16" or not self.lm_head:
                 return None
             kind, in_features = "embedding", layer.embedding_dim
             prefix = prefix or "embed_tokens"  # llama builds it without a prefix
@@ -170,5 +170,6 @@ class CpuInt4Config(QuantizationConfig):
                 return UnquantizedLinearMethod() if kind == "linear" else None
         evidence.expect(prefix)
         if kind == "embedding":
-            return CpuInt4EmbeddingMethod(self.group_size, self.prequantized, prefix, self.zero_point)
+            return CpuInt4EmbeddingMethod(self.group_size, self.prequantized, prefix, self.zero_point,
+                                          fmt=self.embedding)
         return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix, self.zero_point)

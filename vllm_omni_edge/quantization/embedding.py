@@ -15,6 +15,8 @@ them to the activation dtype, exactly ``int4.dequantize(triple)[ids]``.
   embedding its own copy of the stored triple: two 4-bit copies, still a quarter
   of one bf16 matrix.
 - **Untied**: the embedding has its own tensors, kept in the stored layout.
+- **int8** (``"embedding": "int8"``): ``qweight`` int8 [V, H] and one bf16 scale per
+  row (``int4.quantize_rows_int8``); never shared, a tied head keeps its own 4-bit copy.
 
 The lookup is plain torch ops (index + nibble unpack + scale/offset), which vLLM's
 compiled graph fuses; no custom op is needed.
@@ -37,6 +39,7 @@ from vllm_omni_edge.quantization.int4 import (
     group_size_for,
     has_float_zero,
     quantize,
+    quantize_rows_int8,
 )
 from vllm_omni_edge.quantization.kernels.base import set_weight
 
@@ -96,15 +99,24 @@ def lookup(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     return w.reshape(*ids.shape, k).to(dtype)
 
 
+def lookup_int8(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """int8 rows: exactly ``int4.dequantize_rows_int8(q, s)[ids]``."""
+    flat = ids.reshape(-1)
+    w = qweight.index_select(0, flat).float() * scales.index_select(0, flat).float()
+    return w.reshape(*ids.shape, qweight.shape[1]).to(dtype)
+
+
 class CpuInt4EmbeddingMethod(QuantizeMethodBase):
     """``VocabParallelEmbedding`` (the input embedding, not a head) in cpu_int4."""
 
     def __init__(self, group_size: int, prequantized: bool, prefix: str,
-                 zero_point: str = DEFAULT_ZERO_POINT):
+                 zero_point: str = DEFAULT_ZERO_POINT, fmt: str = "int4"):
         self.requested_group_size = group_size
         self.prequantized = prequantized
         self.prefix = prefix
         self.zero_point = zero_point
+        self.fmt = fmt  # "int4" | "int8"
         # Online: the bf16 table is loaded whole (not on the meta device) and quantized at
         # the end; a tied head quantizes it from the same tensor, once.
         self.uses_meta_device = False
@@ -113,12 +125,22 @@ class CpuInt4EmbeddingMethod(QuantizeMethodBase):
                        output_size, params_dtype, **extra_weight_attrs):
         weight_loader = extra_weight_attrs.pop("weight_loader")
         K, N = input_size_per_partition, sum(output_partition_sizes)
-        g = group_size_for(K, self.requested_group_size, what=self.prefix)
+        g = group_size_for(K, self.requested_group_size, what=self.prefix) if self.fmt == "int4" else K
         layer.int4_in_features = K
         layer.int4_group_size = g
         layer.int4_act_dtype = params_dtype
-        layer.int4_embed_layout = LAYOUT_STORED
-        if self.prequantized:
+        layer.int4_embed_layout = LAYOUT_STORED if self.fmt == "int4" else "int8"
+        if self.prequantized and self.fmt == "int8":
+            params = {
+                "qweight": GroupQuantScaleParameter(data=torch.empty(N, K, dtype=torch.int8), input_dim=1,
+                                                    output_dim=0, weight_loader=weight_loader),
+                "scales": GroupQuantScaleParameter(data=torch.empty(N, 1, dtype=SCALE_DTYPE), input_dim=1,
+                                                   output_dim=0, weight_loader=weight_loader),
+            }
+            for name, param in params.items():
+                layer.register_parameter(name, param)
+                set_weight_attrs(param, extra_weight_attrs)
+        elif self.prequantized:
             zeros_dtype = torch.uint8 if self.zero_point == "int" else SCALE_DTYPE
             params = {
                 "qweight": PackedvLLMParameter(data=torch.empty(N, K // 2, dtype=torch.uint8), input_dim=1,
@@ -143,6 +165,16 @@ class CpuInt4EmbeddingMethod(QuantizeMethodBase):
             return
         if getattr(layer, "int4_tied_head", False):
             return  # the head quantizes / repacks the shared matrix and hands it back (share_with_embedding)
+        if self.fmt == "int8":
+            if not self.prequantized:
+                q, scales = quantize_rows_int8(layer.weight.data)
+                set_weight(layer, "weight", None)  # a tied head keeps its own reference until it quantizes
+                set_weight(layer, "qweight", q)
+                set_weight(layer, "scales", scales)
+            layer.int4_embed_layout = "int8"
+            _record(self.prefix, layer, "int8 rows, one scale per row (its own copy)")
+            layer._already_called_process_weights_after_loading = True
+            return
         if not self.prequantized:
             triple = quantize(layer.weight.data, layer.int4_group_size, what=self.prefix,
                               zero_point=self.zero_point)
@@ -158,6 +190,8 @@ class CpuInt4EmbeddingMethod(QuantizeMethodBase):
             # Online, before processing: a model that embeds special tokens while loading
             # (vLLM-Omni's Qwen2.5-Omni talker) reads the bf16 table it has at that point.
             return F.embedding(input_, layer.weight)
+        if self.fmt == "int8":
+            return lookup_int8(input_, layer.qweight, layer.scales, layer.int4_act_dtype)
         return lookup(input_, layer.qweight, layer.scales, layer.zeros, layer.int4_embed_layout,
                       layer.int4_act_dtype)
 
@@ -166,7 +200,9 @@ class CpuInt4EmbeddingMethod(QuantizeMethodBase):
 
 
 def is_int4_embedding(module: torch.nn.Module) -> bool:
-    return isinstance(getattr(module, "quant_method", None), CpuInt4EmbeddingMethod)
+    """An input embedding in cpu_int4's 4-bit triple, which a tied head can share."""
+    method = getattr(module, "quant_method", None)
+    return isinstance(method, CpuInt4EmbeddingMethod) and method.fmt == "int4"
 
 
 def tie_head_to_embedding(head: torch.nn.Module, embed: torch.nn.Module, prequantized: bool) -> None:

@@ -42,9 +42,10 @@ import torch
 # see embedding.py).
 FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
-# How the input embedding is kept: "int4" (this format, rows dequantized on lookup) or
-# "bf16" (as read, the only choice of versions 1 and 2).
-EMBEDDING_FORMATS = ("int4", "bf16")
+# How the input embedding is kept: "int4" (this format's triple, rows dequantized on
+# lookup), "int8" (int8 rows with one bf16 scale per row, ``quantize_rows_int8``; a tied
+# head then keeps its own 4-bit copy) or "bf16" (as read, the only choice of versions 1-2).
+EMBEDDING_FORMATS = ("int4", "int8", "bf16")
 DEFAULT_EMBEDDING = "int4"
 ZERO_POINT_MODES = ("float", "int")
 DEFAULT_ZERO_POINT = "float"
@@ -108,7 +109,28 @@ def check_embedding_format(embedding: str) -> None:
 def format_version_for(embedding: str) -> int:
     """The checkpoint format a build with this embedding format writes (bf16 = the old format 2)."""
     check_embedding_format(embedding)
-    return FORMAT_VERSION if embedding == "int4" else 2
+    return 2 if embedding == "bf16" else FORMAT_VERSION
+
+
+def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float -> (int8 [N, K], bf16 scales [N, 1]): symmetric, absmax / 127 per row.
+
+    The scale is rounded up to bf16 (as in ``quantize``), so every q fits in -127..127.
+    """
+    if weight.dim() != 2:
+        raise Int4FormatError(f"expected a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    exact = w.abs().amax(dim=1, keepdim=True) / 127
+    scales = exact.to(SCALE_DTYPE)
+    scales = torch.where(scales.float() < exact, torch.nextafter(scales, torch.full_like(scales, float("inf"))),
+                         scales)
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    q = torch.round(w / scales.float()).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def dequantize_rows_int8(q: torch.Tensor, scales: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (q.float() * scales.float()).to(dtype)
 
 
 def has_float_zero(zeros: torch.Tensor) -> bool:
