@@ -70,13 +70,13 @@ def test_untied_head_is_quantized_from_lm_head(tmp_path):
 def test_report_table_counts_bytes_by_class(tiny_llama, tmp_path):
     report = build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", group_size=128, progress=False)
     assert report.tensors[builder.LINEAR_4BIT] == 14
-    assert report.tensors[builder.HEAD_4BIT] == 1
-    assert report.tensors[builder.EMBEDDING_ROW] == 1
+    assert report.tensors[builder.TIED_4BIT] == 1  # the tied embedding/head, once
     assert report.tensors[builder.NORMS] == 5
     assert report.written_bytes[builder.LINEAR_4BIT] < report.source_bytes[builder.LINEAR_4BIT] / 3
+    assert report.written_bytes[builder.TIED_4BIT] < report.source_bytes[builder.TIED_4BIT] / 3
     assert report.group_size_fallbacks == {f"model.layers.{i}.mlp.down_proj": 64 for i in range(2)}
     table = report.table()
-    for row in ("linear 4-bit", "head 4-bit", "embedding", "norms", "total", "stored with group 64"):
+    for row in ("linear 4-bit", "emb+head 4-bit", "norms", "total", "stored with group 64"):
         assert row in table
 
 
