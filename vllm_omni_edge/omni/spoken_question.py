@@ -159,18 +159,28 @@ def chat_messages(transcript: str, system_prompt: str = SYSTEM_PROMPT) -> list[d
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": transcript.strip()}]
 
 
-def chat_token_ids(tokenizer, transcript: str) -> list[int]:
-    """The text model's chat prompt for one transcript, as token ids (template rendered, then encoded)."""
+def chat_text(tokenizer, transcript: str) -> str:
+    """The text model's chat prompt for one transcript, rendered by the model's own template.
+
+    The answer stage tokenizes it with its own input processor, which adds the tokenizer's
+    special tokens; a BOS the template already wrote is dropped here so it is not doubled.
+    """
     text = tokenizer.apply_chat_template(chat_messages(transcript), add_generation_prompt=True, tokenize=False)
-    # The template writes the BOS/role tokens itself; encoding must not add more.
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos) and tokenizer.encode("a", add_special_tokens=True)[:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos):]
+    return text
 
 
 def transcript_to_chat(source_outputs: list[Any], prompt: Any = None, requires_multimodal_data: bool = False,
-                       *, target_model_config: Any = None) -> list[Any]:
-    """Stage 1's input processor: each transcript -> token ids of the text model's chat prompt."""
-    from vllm_omni.inputs.data import OmniTokensPrompt
+                       *, target_model_config: Any = None) -> list[dict[str, str]]:
+    """Stage 1's input processor: each transcript -> the text model's chat prompt (text).
 
+    Text, not token ids: vLLM-Omni hands a token-id prompt to the next stage as it is, but
+    runs a text prompt through that stage's own input processor, which gives the request
+    the model's end-of-turn token (eos, generation_config) as a stop. With token ids the
+    answer ran past ``<|im_end|>`` into an invented next turn.
+    """
     if target_model_config is None:
         raise ValueError("spoken_question: the answer stage's model config was not passed")
     tokenizer = _tokenizer(str(getattr(target_model_config, "tokenizer", None) or target_model_config.model))
@@ -178,7 +188,7 @@ def transcript_to_chat(source_outputs: list[Any], prompt: Any = None, requires_m
     for output in source_outputs:
         transcript = output.outputs[0].text or ""
         logger.info("spoken_question: request %s transcript %r", getattr(output, "request_id", "?"), transcript)
-        prompts.append(OmniTokensPrompt(prompt_token_ids=chat_token_ids(tokenizer, transcript)))
+        prompts.append({"prompt": chat_text(tokenizer, transcript)})
     return prompts
 
 
