@@ -47,6 +47,7 @@ class TinySpec:
     llama3_rope: bool = False  # llama: rope_freqs from llama3 scaling (8, 1, 4, 8192)
     longrope_orig: int | None = None  # phi3: rope factors with this original context
     seed: int = 0
+    chat_template: bool = True  # False: a base model's file, with no tokenizer.chat_template
     extra: dict = field(default_factory=dict)
 
     @property
@@ -124,7 +125,8 @@ def _add_vocab(writer, spec: TinySpec) -> int:
         writer.add_eot_token_id(5)
         writer.add_add_bos_token(True)
         writer.add_add_space_prefix(False)
-        writer.add_chat_template(GEMMA_TEMPLATE)
+        if spec.chat_template:
+            writer.add_chat_template(GEMMA_TEMPLATE)
     elif spec.arch == "phi3":
         specials = ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>")
         tokens, types, scores = _spm_vocab(specials)
@@ -139,7 +141,8 @@ def _add_vocab(writer, spec: TinySpec) -> int:
         writer.add_eos_token_id(6)  # <|end|>
         writer.add_pad_token_id(3)  # <|endoftext|>
         writer.add_add_bos_token(False)
-        writer.add_chat_template(PHI3_TEMPLATE)
+        if spec.chat_template:
+            writer.add_chat_template(PHI3_TEMPLATE)
     else:
         tokens, merges = _bpe_vocab()
         writer.add_tokenizer_model("gpt2")
@@ -151,7 +154,8 @@ def _add_vocab(writer, spec: TinySpec) -> int:
         writer.add_eos_token_id(2)
         writer.add_pad_token_id(2)
         writer.add_add_bos_token(False)
-        writer.add_chat_template(CHATML)
+        if spec.chat_template:
+            writer.add_chat_template(CHATML)
     return len(tokens)
 
 

@@ -57,3 +57,14 @@ def test_what_is_not_a_gguf_is_refused_by_name(tmp_path, isolated_cache):
     with pytest.raises(ServeSetupError, match="not a GGUF file"):
         edge_serve_argv([str(fake)])
     assert not (isolated_cache / "gguf").exists()  # nothing half written
+
+
+def test_a_base_models_file_without_a_chat_template_is_built_for_completions(tmp_path, isolated_cache):
+    import dataclasses
+
+    from tests.gguf_tiny import SPECS
+
+    base = write_tiny_gguf(tmp_path / "tiny-base.gguf", dataclasses.replace(SPECS["gemma3"], chat_template=False))
+    built = gguf_serving.serving_checkpoint(base, show_progress=False)
+    config = json.loads((built / "tokenizer_config.json").read_text())
+    assert not config.get("chat_template") and not (built / "chat_template.jinja").exists()

@@ -569,9 +569,11 @@ def _tokenizer(gguf_path: Path, meta: dict[str, Any], reader):
         raise UnsupportedCheckpointError(f"{gguf_path}: cannot build a tokenizer from its metadata: {exc}") from exc
     fld = reader.fields.get("tokenizer.chat_template")
     template = fld.contents() if fld is not None else None
-    if not template:
-        raise UnsupportedCheckpointError(f"{gguf_path} carries no chat template (tokenizer.chat_template)")
-    tokenizer.chat_template = template
+    if template:
+        tokenizer.chat_template = template
+    else:  # a base model: completions work; a chat request gets vLLM's own "no chat template" error
+        logger.warning("%s carries no chat template (tokenizer.chat_template): a base model, "
+                       "served for completions", gguf_path)
     return tokenizer
 
 
