@@ -10,7 +10,9 @@ static order below, the last resort being the slowest:
    once built on the machine; ranked only where a table measured it.
    ``avx512_w4a8``: the same op's AVX-512 VNNI variant, ranked after it unless measured.
    ``avx512_w4a8_rows16``: VNNI on a 16-row interleaved copy of the weights (made at load,
-   replacing the stored layout); the router's first float-offset kernel on x86-amx.
+   replacing the stored layout); the router's first float-offset kernel on x86-amx. On AMX
+   CPUs its calls of 32 rows or more (prefill) run a bf16 GEMM on blocks dequantized from
+   that layout, inside the same op (``VLLM_OMNI_EDGE_INT4_PREFILL``).
 4. ``dequant``: pure PyTorch, any shape, slow.
 
 ``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|avx512_w4a8|avx512_w4a8_rows16|dequant`` forces one kernel; a
