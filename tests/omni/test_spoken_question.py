@@ -110,3 +110,31 @@ def test_pipeline_root_links_both_checkpoints(tmp_path):
     assert sq.build_pipeline_dir(asr, answer, tmp_path / "out") == root  # the same pair, the same root
     with pytest.raises(FileNotFoundError, match="no config.json"):
         sq.build_pipeline_dir(tmp_path / "missing", answer, tmp_path / "out")
+
+
+def test_plain_models_get_only_the_forward_arguments_they_name():
+    from vllm_omni_edge.platforms.cpu.worker.runner_base import PlainModelKwargsMixin, forward_params
+
+    class Plain:
+        def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+            ...
+
+    class Omni:
+        def forward(self, input_ids, positions, **kwargs):
+            ...
+
+    assert forward_params(Plain()) == {"input_ids", "positions", "intermediate_tensors", "inputs_embeds"}
+    assert forward_params(Omni()) is None
+
+    class Base:
+        def _model_forward(self, **kwargs):
+            return kwargs
+
+    class Runner(PlainModelKwargsMixin, Base):
+        def __init__(self, model):
+            self.model = model
+
+    extra = {"sampling_metadata": 1, "logits_index": 2}
+    assert set(Runner(Plain())._model_forward(input_ids=1, positions=2, **extra)) == {
+        "input_ids", "positions", "intermediate_tensors", "inputs_embeds"}
+    assert set(Runner(Omni())._model_forward(input_ids=1, positions=2, **extra)) >= set(extra)

@@ -6,17 +6,19 @@ registered under the model type ``spoken_question``
 (``patches/frontend/spoken_question_pipeline.py`` calls vLLM-Omni's ``register_pipeline``
 when its registry is imported), plus the two hooks that join the stages:
 
-- stage 0, ``asr``: Whisper, an LLM_AR stage. The chat request is rendered by stage 0's
-  renderer (vLLM-Omni's chat server always renders with stage 0), so the Whisper
-  directory carries a small chat template. :func:`chat_to_whisper_prompt` (the stage's
-  ``prompt_transform_func``) then replaces the rendered text with Whisper's own
-  encoder/decoder prompt: the request's audio to the encoder,
-  ``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>`` to the decoder, the
-  prompt vLLM's /v1/audio/transcriptions builds.
+- stage 0, ``asr``: Whisper, an LLM_AR stage. vLLM-Omni's chat server renders every
+  request with stage 0's renderer; for an encoder-decoder model that makes the rendered
+  text the decoder prompt and the audio part the encoder input. So the Whisper directory
+  carries a chat template that writes Whisper's transcription prompt
+  (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``, the one vLLM's
+  /v1/audio/transcriptions builds), and :func:`check_spoken_question` (the stage's
+  ``prompt_transform_func``) only checks that the request carries exactly one audio part.
 - stage 1, ``answer``: the text model (SmolLM2-135M or Qwen2.5-Coder-1.5B, cpu_int4).
   :func:`transcript_to_chat` (its input processor) takes stage 0's transcript and
   builds the text model's chat prompt with the model's own chat template: a short
-  system instruction, then the transcribed question.
+  system instruction, then the transcribed question. It is the pipeline's
+  "comprehension" stage, so a request's sampling fields (max_tokens, temperature) apply
+  to the answer; Whisper transcribes greedily with the YAML's defaults.
 
 The two checkpoints are separate directories; vLLM-Omni serves one "model" path, so
 :func:`build_pipeline_dir` writes a pipeline root (a ``config.json`` naming the model
