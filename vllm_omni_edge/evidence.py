@@ -206,8 +206,6 @@ def collect_worker_evidence(worker) -> dict:
         "tokenizer_pool": _tokenizer_pool(),
         "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
-        # One-process server: the engine thread waits for the event loop after each step.
-        "step_handoff": _step_handoff(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
         # main thread's own affinity is just the first of them.
         "omp_cpu_binding": os.environ.get("GOMP_CPU_AFFINITY"),
@@ -220,13 +218,6 @@ def _kv_cache_mapped_bytes() -> int:
     from vllm_omni_edge.patches.worker import kv_resident_as_used
 
     return kv_resident_as_used.mapped_bytes
-
-
-def _step_handoff() -> bool | None:
-    import sys
-
-    module = sys.modules.get("vllm_omni_edge.engine.in_process")  # loaded only by the one-process server
-    return None if module is None else module.step_handoff_in_force
 
 
 def _attention_calls_trimmed() -> bool:

@@ -16,9 +16,6 @@ Design, after reading vLLM 0.30's ``v1/engine/core.py`` and ``core_client.py``:
   background thread the event loop keeps serving HTTP, detokenizing and streaming
   while the model runs, as the API server does next to a separate engine core.
   When there is no work the loop blocks on its input queue: no polling core.
-  After a step with tokens the engine thread waits briefly for the event loop to
-  stream them (``_OutputBridge``): on a box with as many cores as model threads the
-  two would otherwise preempt each other.
 - The asyncio side (``InProcessAsyncClient``) is ``AsyncMPClient``'s contract
   without serialization: requests are preprocessed on the event loop (where
   ``EngineCoreProc``'s input thread would do it; vLLM documents that call as safe
@@ -52,16 +49,12 @@ from vllm.v1.engine.core import EngineCore, EngineCoreProc, EngineShutdownState
 from vllm.v1.engine.core_client import AsyncMPClient, EngineCoreClient, _process_utility_output
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from vllm_omni_edge.levers import step_handoff_enabled
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.engine.cores import model_cores
 
 logger = get_logger("single_process")
 
 ENGINE_THREAD_NAME = "EdgeEngineCore"
-# Whether this process's in-process server engine hands each step over to the event loop
-# (None: no such engine here); read by vllm_omni_edge.evidence.
-step_handoff_in_force: bool | None = None
 # A shutdown that drains requests may take up to vLLM's shutdown_timeout; then this.
 JOIN_MARGIN_S = 30.0
 
@@ -114,59 +107,17 @@ class InProcessResources:
 
 
 class _OutputBridge:
-    """The engine's output queue: each item is handed to the event loop's thread.
+    """The engine's output queue: each item is handed to the event loop's thread."""
 
-    With the step hand-off (``levers.step_handoff_enabled``), a step's token outputs are
-    handed over and the engine thread then waits until the event loop has run
-    ``SETTLE_ITERATIONS`` more iterations after delivering them (AsyncLLM's output handler
-    detokenizes in the first, the request's stream writes its chunk in the second), or
-    ``HANDOFF_TIMEOUT_S`` at most. The event loop's per-token Python then runs on a core
-    the model is not using, instead of preempting one of the model's OpenMP threads, which
-    stalls the whole team at its next barrier.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, deliver, handoff: bool):
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver):
         self._loop = loop
         self._deliver = deliver
-        self._handoff = handoff
 
     def put_nowait(self, item) -> None:
-        settled = threading.Event() if self._handoff and _carries_tokens(item) else None
         try:
-            if settled is None:
-                self._loop.call_soon_threadsafe(self._deliver, item)
-            else:
-                self._loop.call_soon_threadsafe(self._deliver_then_settle, item, settled)
+            self._loop.call_soon_threadsafe(self._deliver, item)
         except RuntimeError:  # the loop is closed: the server is gone, nobody reads outputs
-            return
-        if settled is not None:
-            settled.wait(HANDOFF_TIMEOUT_S)
-
-    def _deliver_then_settle(self, item, settled: threading.Event) -> None:
-        try:
-            self._deliver(item)
-        finally:
-            self._after_iterations(SETTLE_ITERATIONS, settled)
-
-    def _after_iterations(self, remaining: int, settled: threading.Event) -> None:
-        if remaining == 0:
-            settled.set()
-        else:
-            self._loop.call_soon(self._after_iterations, remaining - 1, settled)
-
-
-# Event-loop iterations after a step's outputs are delivered by which their chunks are written
-# (two in a chat stream; merged completion streams take more).
-SETTLE_ITERATIONS = 5
-# The most a step waits for the event loop (a busy loop, e.g. tokenizing a long prompt).
-HANDOFF_TIMEOUT_S = 0.005
-
-
-def _carries_tokens(item) -> bool:
-    if item == EngineCoreProc.ENGINE_CORE_DEAD:
-        return False
-    _client_index, outputs = item
-    return bool(outputs.outputs)
+            pass
 
 
 class InProcessAsyncClient(EngineCoreClient):
@@ -182,9 +133,7 @@ class InProcessAsyncClient(EngineCoreClient):
         self.utility_results: dict[int, asyncio.Future] = {}
         self.outputs_queue: asyncio.Queue[EngineCoreOutputs | Exception] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()  # AsyncLLM is built inside the server's loop
-        global step_handoff_in_force
-        step_handoff_in_force = step_handoff_enabled()
-        self._bridge = _OutputBridge(self._loop, self._deliver, step_handoff_in_force)
+        self._bridge = _OutputBridge(self._loop, self._deliver)
         self._call_ids = iter(range(1, 1 << 62))
         self._shut_down = False
 

@@ -16,7 +16,6 @@ inherit the front end's environment).
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 | process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
-| one-process server: after each step with tokens the engine thread waits (at most a few ms) until the event loop has streamed them, so the two never contend for the model's cores; or the two run concurrently | VLLM_OMNI_EDGE_STEP_HANDOFF=1/0 | 1 | engine/in_process.py |
 | process layout of `LLM()`: engine and model in the calling process, or vLLM's (also chosen for tensor/pipeline/data parallel) | VLLM_ENABLE_V1_MULTIPROCESSING unset / 1 (vLLM's own variable) | in-process | patches/frontend/llm_in_process.py |
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
@@ -61,7 +60,6 @@ ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
 WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
-STEP_HANDOFF_ENV = "VLLM_OMNI_EDGE_STEP_HANDOFF"
 KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
 
 
@@ -215,10 +213,6 @@ def single_process_enabled() -> bool:
             f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1 ask for two different process "
             "layouts (one process vs. two); set only one of them")
     return enabled
-
-
-def step_handoff_enabled() -> bool:
-    return _choice(STEP_HANDOFF_ENV, ("1", "0"), "1") == "1"
 
 
 def single_process_asked() -> bool:
