@@ -55,7 +55,7 @@ def _standing(args: argparse.Namespace) -> int:
     from benchmarks.edge_harness import standing
 
     try:
-        table = standing.render(standing.listed_runs())
+        table = standing.render(standing.listed_runs(), standing.listed_arms())
         if args.update:
             changed = standing.update(args.update, table)
             print(f"{args.update}: {'updated' if changed else 'already current'}")

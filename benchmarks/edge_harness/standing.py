@@ -27,9 +27,20 @@ class StandingError(ValueError):
     """A listed run that cannot stand in the table."""
 
 
+def _listed(path: Path) -> list[list[str]]:
+    lines = [line.split("#", 1)[0].split() for line in path.read_text().splitlines()]
+    return [words for words in lines if words]
+
+
 def listed_runs(path: Path = STANDING_RUNS) -> list[Path]:
-    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
-    return [PROJECT_ROOT / line for line in lines if line]
+    """The results directories, in order (each line's first word)."""
+    return [PROJECT_ROOT / words[0] for words in _listed(path)]
+
+
+def listed_arms(path: Path = STANDING_RUNS) -> dict[Path, tuple[str, ...]]:
+    """The arms a line names after its directory (the table keeps only those); a line
+    that names none keeps every arm."""
+    return {PROJECT_ROOT / words[0]: tuple(words[1:]) for words in _listed(path) if len(words) > 1}
 
 
 def _box(art: dict[str, Any]) -> str:
@@ -74,17 +85,22 @@ def _what_runs(art: dict[str, Any], arm: dict[str, Any]) -> str:
     return f"{arm['name']}" + (f" ({flags})" if flags else "")
 
 
-def rows(results_dir: Path) -> list[str]:
+def rows(results_dir: Path, arms: tuple[str, ...] = ()) -> list[str]:
     art = load_artifacts(results_dir)
+    unknown = set(arms) - {a["name"] for a in art["grid"]["arms"]}
+    if unknown:
+        raise StandingError(f"{results_dir.name}: no arm {', '.join(sorted(unknown))} in this run")
     summary = art["summary"]
     if summary["status"] != "ok":
         raise StandingError(f"{results_dir.name}: status {summary['status']}: {'; '.join(summary['reasons'][:3])}")
-    arms = summary["arms"]
+    figures, wanted = summary["arms"], arms
     llama = next((a["name"] for a in art["grid"]["arms"] if a.get("engine") == "llamacpp"), None)
-    base = arms.get(llama, {})
+    base = figures.get(llama, {})
     out = []
     for arm in art["grid"]["arms"]:
-        table = arms[arm["name"]]
+        if wanted and arm["name"] not in wanted:
+            continue
+        table = figures[arm["name"]]
         decode, prefill = _named(table, "tg"), _named(table, "pp")
         is_base = arm["name"] == llama
         out.append(" | ".join([
@@ -96,10 +112,10 @@ def rows(results_dir: Path) -> list[str]:
     return out
 
 
-def render(runs: list[Path]) -> str:
+def render(runs: list[Path], arms: dict[Path, tuple[str, ...]] | None = None) -> str:
     head = ["| model | what runs | decode tok/s | × llama.cpp | prefill tok/s | × llama.cpp | start to first token, s "
             "| tree PSS | box, run |", "|---|---|---|---|---|---|---|---|---|"]
-    body = [row for run in runs for row in rows(run)]
+    body = [row for run in runs for row in rows(run, (arms or {}).get(run, ()))]
     note = ("Medians over the run's passes (min–max); ratios pass by pass against llama.cpp in the same run; "
             "a command in backticks is the user's literal command, no environment flags; PSS over the whole "
             "process tree; start is a warm start (compile cache filled).")

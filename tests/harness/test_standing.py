@@ -17,7 +17,7 @@ README = PROJECT_ROOT / "README.md"
 def test_readme_table_is_regenerated_from_the_listed_runs():
     runs = standing.listed_runs()
     assert runs, "docs/edge/standing-runs.txt lists no run"
-    assert standing.current_block(README) == standing.render(runs), \
+    assert standing.current_block(README) == standing.render(runs, standing.listed_arms()), \
         "run: edge-harness standing --update README.md"
 
 
@@ -49,3 +49,15 @@ def test_update_rewrites_only_the_marked_block(tmp_path):
     (tmp_path / "bare.md").write_text("no markers")
     with pytest.raises(standing.StandingError, match="no .* block"):
         standing.update(tmp_path / "bare.md", "x")
+
+
+def test_a_line_naming_arms_keeps_only_those_and_refuses_unknown_ones(tmp_path):
+    run = standing.listed_runs()[0]
+    listing = tmp_path / "runs.txt"
+    first = json.loads((run / "provenance.json").read_text())["effective_grid"]["arms"][0]["name"]
+    listing.write_text(f"# comment\n{run.relative_to(standing.PROJECT_ROOT)} {first}\n")
+    arms = standing.listed_arms(listing)
+    assert arms == {run: (first,)}
+    assert len(standing.rows(run, arms[run])) == 1
+    with pytest.raises(standing.StandingError, match="no arm nonesuch"):
+        standing.rows(run, ("nonesuch",))
