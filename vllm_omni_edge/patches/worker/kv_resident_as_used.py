@@ -71,7 +71,9 @@ class _TorchWithLazyZeros:
         self._torch = torch_module
 
     def __getattr__(self, name):
-        return getattr(self._torch, name)
+        value = getattr(self._torch, name)
+        setattr(self, name, value)  # looked up once: later uses are a plain attribute read
+        return value
 
     def zeros(self, *size, dtype=None, device=None, **kwargs):
         torch = self._torch
