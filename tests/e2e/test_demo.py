@@ -18,10 +18,11 @@ def test_demo_serves_the_default_model_cpu_int4_compiled_in_one_process_and_answ
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "(compiled, one process, cpu_int4)" in out
-    # The server's own kernel summary: every layer and the head on a 4-bit kernel, none on the fallback.
-    kernels = re.search(r"cpu_int4: 121 layers, kernels (\{[^}]*\})", out)
+    # The server's own kernel summary: every linear, the head and the embedding (format 3) on a
+    # 4-bit kernel, none on the fallback.
+    kernels = re.search(r"cpu_int4: 122 layers, kernels (\{[^}]*\})", out)
     assert kernels, out[-3000:]
-    assert "'fallback': 0" in kernels.group(1) and "'lm_head:" in kernels.group(1), kernels.group(1)
+    assert all(part in kernels.group(1) for part in ("'fallback': 0", "'lm_head:", "'embedding:")), kernels.group(1)
     answer = out.split("A: ", 1)[1]
     assert "Paris" in answer, answer[:500]
     decode = float(re.search(r"decode: ([0-9.]+) tok/s over 128 tokens", out).group(1))
