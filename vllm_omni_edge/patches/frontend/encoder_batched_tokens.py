@@ -9,7 +9,7 @@ model schedules its whole encoder input (not chunkable) in one step. With Whispe
 (``max_model_len`` 448) and ``max_num_seqs`` 2 (our serving default; any value below 4
 does it in stock vLLM too) that is 896 < 1500 and the start fails with
 "Chunked MM input disabled but max_tokens_per_mm_item (1500) is larger than
-max_num_batched_tokens (896)" (seen on this box with whisper-base, 2026-12-04).
+max_num_batched_tokens (896)" (whisper-base).
 A given ``--max-num-batched-tokens`` is left alone (vLLM's own error names it).
 Verified by: tests/test_encoder_batched_tokens.py (the config vLLM builds for whisper-base's
 checkpoint config, with and without the flag; a decoder-only model untouched) and

@@ -118,14 +118,12 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
 # bf16 activations, the weights are dequantized a block of rows at a time into a per-thread
 # bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied by
 # at::mm (oneDNN's matmul; avx512_core_amx on an AMX CPU). Below it, and for decode, the
-# W4A8 tiles. Where the threshold comes from (op level, one core, AVX-512 BF16 EPYC,
-# 2026-12-04, Qwen2.5-1.5B's four linears of a layer): dequantizing costs ~8 ms per layer
-# (0.18 ns per weight), the W4A8 tiles ~0.37 ms per row; an AMX GEMM costs a small fraction
-# of that per row, so the bf16 path pays back from about 8 / 0.37 ~ 25-30 rows. Not yet
-# measured on an AMX CPU: benchmarks/edge_harness/int4_prefill_bench.py sweeps it.
+# W4A8 tiles. The threshold is where dequantizing a layer costs less than the tiles' per-row
+# work it replaces (docs/edge/cpu-4bit.md); not yet measured on an AMX CPU:
+# benchmarks/edge_harness/int4_prefill_bench.py sweeps it.
 PREFILL_MIN_ROWS = 32
-# One block's bf16 weights stay in L2 (2 MiB per core here) while oneDNN reads them; on one
-# core the block size hardly moved the GEMM's speed (0.5-8 MiB within 3 %).
+# One block's bf16 weights stay in a core's L2 while oneDNN reads them (block size swept by
+# int4_prefill_bench).
 PREFILL_BLOCK_BYTES = 2 << 20
 
 
