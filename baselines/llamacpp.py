@@ -467,3 +467,24 @@ class LlamaCppEngine:
         if getattr(self, "model", None):
             L.llama_model_free(self.model)
             self.model = None
+
+
+def vocab_tokens(gguf: Path | str, text: str) -> list[int]:
+    """llama.cpp's token ids for ``text`` (no BOS, no special-token parsing), loading only the
+    GGUF's vocabulary."""
+    import llama_cpp as L
+
+    LlamaLog(echo=False).install()
+    params = L.llama_model_default_params()
+    set_field(params, "vocab_only", True)
+    model = L.llama_model_load_from_file(str(gguf).encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp cannot load the vocabulary of {gguf}")
+    try:
+        vocab = L.llama_model_get_vocab(model)
+        data = text.encode()
+        buf = (L.llama_token * (len(data) + 16))()
+        n = L.llama_tokenize(vocab, data, len(data), buf, len(buf), False, False)
+        return list(buf[:n])
+    finally:
+        L.llama_model_free(model)

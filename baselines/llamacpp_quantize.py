@@ -320,25 +320,14 @@ def convert_hf_to_gguf(model_dir: Path | str, out_path: Path | str, *, outtype: 
 
 def check_tokenizer_agrees(gguf_file: Path, model_dir: Path, text: str = TOKENIZER_CHECK_TEXT) -> None:
     """Load only the GGUF's vocabulary in llama.cpp; its ids for ``text`` must be the HF tokenizer's."""
-    import llama_cpp as L
     from tokenizers import Tokenizer
 
-    from baselines.llamacpp import LlamaLog, set_field
+    from baselines.llamacpp import vocab_tokens
 
-    LlamaLog(echo=False).install()
-    params = L.llama_model_default_params()
-    set_field(params, "vocab_only", True)
-    model = L.llama_model_load_from_file(str(gguf_file).encode(), params)
-    if not model:
-        raise ConversionError(f"{gguf_file}: llama.cpp cannot load the written vocabulary")
     try:
-        vocab = L.llama_model_get_vocab(model)
-        data = text.encode()
-        buf = (L.llama_token * (len(data) + 16))()
-        n = L.llama_tokenize(vocab, data, len(data), buf, len(buf), False, False)
-        ours = list(buf[:n])
-    finally:
-        L.llama_model_free(model)
+        ours = vocab_tokens(gguf_file, text)
+    except RuntimeError as exc:
+        raise ConversionError(f"{gguf_file}: the written vocabulary: {exc}") from exc
     theirs = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     if ours != theirs:
         raise ConversionError(f"{gguf_file}: llama.cpp tokenizes the check text differently from {model_dir} "

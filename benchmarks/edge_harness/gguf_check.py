@@ -104,24 +104,9 @@ def llamacpp_reference(plan: CheckPlan) -> PositionLogprobs:
 
 
 def llamacpp_tokens(gguf: Path, text: str) -> list[int]:
-    import llama_cpp as L
+    from baselines.llamacpp import vocab_tokens
 
-    from baselines.llamacpp import LlamaLog, set_field
-
-    LlamaLog(echo=False).install()
-    params = L.llama_model_default_params()
-    set_field(params, "vocab_only", True)
-    model = L.llama_model_load_from_file(str(gguf).encode(), params)
-    if not model:
-        raise RuntimeError(f"llama.cpp cannot load the vocabulary of {gguf}")
-    try:
-        vocab = L.llama_model_get_vocab(model)
-        data = text.encode()
-        buf = (L.llama_token * (len(data) + 16))()
-        n = L.llama_tokenize(vocab, data, len(data), buf, len(buf), False, False)
-        return list(buf[:n])
-    finally:
-        L.llama_model_free(model)
+    return vocab_tokens(gguf, text)
 
 
 def tokenizer_check(plan: CheckPlan, text: str = TOKENIZER_CHECK_TEXT) -> dict[str, Any]:
