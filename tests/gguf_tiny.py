@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-TEXT = Path(__file__).resolve().parents[1] / "benchmarks" / "edge_harness" / "texts" / "alice.txt"
+TEXT = Path(__file__).resolve().parents[1] / "vllm_omni_edge_bench" / "harness" / "texts" / "alice.txt"
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 GEMMA_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant'"
@@ -277,7 +277,7 @@ def write_tiny_gguf(path: Path, spec: TinySpec | str) -> Path:
 
 def quantized_copy(src: Path, qtype: str, out: Path | None = None) -> Path:
     """llama.cpp's own quantization (``llama_model_quantize``) of ``src`` to ``qtype`` (q8_0, q4_k_m, ...)."""
-    from baselines.llamacpp_quantize import quantize
+    from vllm_omni_edge_bench.baselines.llamacpp_quantize import quantize
 
     out = out or src.with_name(f"{src.stem}.{qtype}.gguf")
     quantize(src, out, qtype, threads=2)

@@ -48,7 +48,7 @@ def files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def plans(files, tmp_path_factory):
     """key -> gguf_check.CheckPlan (converted once, windows cut from the fixed text)."""
-    from benchmarks.edge_harness import gguf_check
+    from vllm_omni_edge_bench.harness import gguf_check
 
     work = tmp_path_factory.mktemp("converted")
     return {key: gguf_check.prepare(path, work, tokens=256, window=128, stride=64, top_k=4096)
@@ -81,7 +81,7 @@ def test_hf_names_are_the_ones_gguf_maps_to_its_tensors(arch):
 
 
 def test_llama_qk_unpermute_inverts_the_converters_permute():
-    from baselines.llamacpp_quantize import permute_for_llama_rope
+    from vllm_omni_edge_bench.baselines.llamacpp_quantize import permute_for_llama_rope
     from vllm_omni_edge.models.gguf_to_hf import unpermute_llama_qk
 
     w = np.random.default_rng(0).standard_normal((4 * 16, 8))
@@ -128,7 +128,7 @@ def test_configs_carry_each_architectures_conventions(plans):
 
 @pytest.mark.parametrize("key", list(SPECS) + [f"{k}-{q}" for k, q in QUANTIZED])
 def test_transformers_on_the_conversion_matches_llamacpp(plans, key):
-    from benchmarks.edge_harness import gguf_check
+    from vllm_omni_edge_bench.harness import gguf_check
 
     plan = plans[key]
     figures = gguf_check._figures(gguf_check.llamacpp_reference(plan), gguf_check.transformers_candidate(plan))
@@ -148,7 +148,7 @@ WRONG = {
 @pytest.mark.parametrize("case", list(WRONG))
 def test_a_wrong_convention_is_far_outside_the_bounds(files, tmp_path, monkeypatch, case):
     """The comparison can see a mistake: undoing less than llama.cpp's converter did moves KL by orders of magnitude."""
-    from benchmarks.edge_harness import gguf_check
+    from vllm_omni_edge_bench.harness import gguf_check
     from vllm_omni_edge.models import gguf_to_hf
 
     key, arch, change = WRONG[case]
@@ -160,7 +160,7 @@ def test_a_wrong_convention_is_far_outside_the_bounds(files, tmp_path, monkeypat
 
 @pytest.mark.parametrize("key", list(SPECS))
 def test_tokenizer_from_the_metadata_tokenizes_as_llamacpp(plans, key):
-    from benchmarks.edge_harness import gguf_check, fidelity
+    from vllm_omni_edge_bench.harness import gguf_check, fidelity
 
     text = gguf_check.TOKENIZER_CHECK_TEXT + fidelity.load_text()[:2000]
     assert gguf_check.tokenizer_check(plans[key], text)["same_ids"]
@@ -277,7 +277,7 @@ def test_yarn_rope_scaling_is_refused(tmp_path):
 @pytest.mark.e2e
 def test_vllm_on_the_conversion_matches_llamacpp(files, tmp_path):
     """Every architecture (F32) and two quantized files, vLLM LLM() vs llama.cpp, one engine each in one child."""
-    from benchmarks.edge_harness import gguf_check
+    from vllm_omni_edge_bench.harness import gguf_check
 
     keys = list(SPECS) + ["llama-q4_k_m", "gemma3-q8_0"]
     results = gguf_check.check([files[k] for k in keys], tmp_path, tokens=128, window=64, stride=32,
@@ -303,7 +303,7 @@ def test_vllm_on_the_conversion_matches_llamacpp(files, tmp_path):
 @pytest.mark.parametrize("name", ["default", "qwen2.5-coder-1.5b"])
 def test_real_gguf_through_vllm_matches_llamacpp(name, tmp_path):
     """The embedded models' own GGUFs: converted, served by vLLM, compared with llama.cpp on 512 tokens."""
-    from benchmarks.edge_harness import gguf_check
+    from vllm_omni_edge_bench.harness import gguf_check
     from vllm_omni_edge.models import default_model as dm
 
     gguf = dm.ensure_gguf(dm.embedded_model(name))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.edge_harness import bandwidth
+from vllm_omni_edge_bench.harness import bandwidth
 
 MIB = 1 << 20
 

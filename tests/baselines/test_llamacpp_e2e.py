@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, default_model):
-    from baselines.llamacpp_quantize import build
+    from vllm_omni_edge_bench.baselines.llamacpp_quantize import build
 
     out = tmp_path_factory.mktemp("llamacpp-gguf")
     manifest = build("default", ["q4_0"], out, threads=1, log=lambda _line: None)
@@ -52,7 +52,7 @@ def test_bf16_gguf_equals_the_shipped_gguf_dequantized(built):
 
 
 def test_q4_0_loads_and_answers_paris(built):
-    from baselines.llamacpp import LlamaCppEngine, LlamaCppOptions
+    from vllm_omni_edge_bench.baselines.llamacpp import LlamaCppEngine, LlamaCppOptions
 
     _, manifest = built
     path = manifest["files"]["q4_0"]["path"]

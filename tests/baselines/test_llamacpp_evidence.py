@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baselines.llamacpp import (
+from vllm_omni_edge_bench.baselines.llamacpp import (
     LOG_DEBUG,
     LOG_INFO,
     LlamaCppOptions,
@@ -106,7 +106,7 @@ def test_options_resolve_threads_and_extra_buffers(monkeypatch):
 def test_struct_fields_are_set_only_if_they_exist():
     import ctypes
 
-    from baselines.llamacpp import LlamaCppError, set_field
+    from vllm_omni_edge_bench.baselines.llamacpp import LlamaCppError, set_field
 
     class Params(ctypes.Structure):
         _fields_ = [("load_mode", ctypes.c_int)]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from baselines import llamacpp_quantize as q
+from vllm_omni_edge_bench.baselines import llamacpp_quantize as q
 
 
 @pytest.mark.parametrize("hf, gguf_name", [

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.edge_harness import runner
-from benchmarks.edge_harness.grid import parse_grid
+from vllm_omni_edge_bench.harness import runner
+from vllm_omni_edge_bench.harness.grid import parse_grid
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

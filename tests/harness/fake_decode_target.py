@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from benchmarks.edge_harness.decode_profile import DECODING_EVENT, _emit
+from vllm_omni_edge_bench.harness.decode_profile import DECODING_EVENT, _emit
 
 
 def fake_forward(stop_path: str, deadline: float) -> None:

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.edge_harness import pass_events
-from benchmarks.edge_harness.pass_common import user_command_notes
-from benchmarks.edge_harness.pass_vllm import llm_arguments, llm_command
+from vllm_omni_edge_bench.harness import pass_events
+from vllm_omni_edge_bench.harness.pass_common import user_command_notes
+from vllm_omni_edge_bench.harness.pass_vllm import llm_arguments, llm_command
 
 BLOCK_ROUNDING = 0.996  # a KV budget is allocated in whole blocks, slightly under the request
 

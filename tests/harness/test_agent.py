@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.edge_harness import agent
+from vllm_omni_edge_bench.harness import agent
 
 
 @pytest.fixture(scope="module")

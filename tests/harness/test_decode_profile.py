@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.edge_harness import decode_profile
-from benchmarks.edge_harness.stack_categories import (
+from vllm_omni_edge_bench.harness import decode_profile
+from vllm_omni_edge_bench.harness.stack_categories import (
     CATEGORIES,
     RULES,
     Rule,
@@ -107,19 +107,19 @@ SHM_READ = ["dequeue (vllm/distributed/device_communicators/shm_broadcast.py:890
     (ENGINE_LOOP[:3] + ["_process_input_queue (vllm/v1/engine/core.py:1440)", "get (queue.py:171)",
                         "wait (threading.py:327)", "PyThread_acquire_lock_timed (libpython3.11.so.1.0)",
                         "sem_clockwait (libc.so.6)", "0x7f12 (libc.so.6)"], "idle"),
-    (["<module> (benchmarks/edge_harness/decode_profile.py:1)", "step (vllm/v1/engine/llm_engine.py:312)",
+    (["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "step (vllm/v1/engine/llm_engine.py:312)",
       "get_output (vllm/v1/engine/core_client.py:700)", "take_gil (libpython3.11.so.1.0)",
       "pthread_cond_timedwait (libc.so.6)"], "gil_wait"),
-    (["<module> (benchmarks/edge_harness/decode_profile.py:1)", "step (vllm/v1/engine/llm_engine.py:319)",
+    (["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "step (vllm/v1/engine/llm_engine.py:319)",
       "process_outputs (vllm/v1/engine/output_processor.py:500)",
       "update_from_output (vllm/v1/engine/detokenizer.py:120)"], "output_processing"),
     (FORWARD + ["gc_collect_main (libpython3.11.so.1.0)"], "python_gc"),
-    (["<module> (benchmarks/edge_harness/decode_profile.py:1)", "timed_process_outputs (benchmarks/edge_harness/"
+    (["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "timed_process_outputs (vllm_omni_edge_bench/harness/"
       "decode_profile.py:101)"], "harness"),
     (["<module> (somewhere/else.py:1)", "mystery (libmystery.so)"], "other"),
     # The profiler's own frames sit below everything in the front end: they count only when innermost.
-    (["<module> (benchmarks/edge_harness/decode_profile.py:1)", "mystery (somewhere/else.py:3)"], "other"),
-    (["<module> (benchmarks/edge_harness/decode_profile.py:1)", "generate (vllm/entrypoints/llm.py:460)",
+    (["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "mystery (somewhere/else.py:3)"], "other"),
+    (["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "generate (vllm/entrypoints/llm.py:460)",
       "process_inputs (vllm/v1/engine/input_processor.py:300)"], "busy_loop"),
 ])
 def test_categorize(frames, expected):
@@ -134,7 +134,7 @@ def test_native_tail_is_below_the_innermost_python_frame():
 
 
 def _line(frames, pid=100, tid=None, name="MainThread", count=1, parent=None):
-    head = [f'process {parent}:"python -m benchmarks.edge_harness.decode_profile --target s"'] if parent else []
+    head = [f'process {parent}:"python -m vllm_omni_edge_bench.harness.decode_profile --target s"'] if parent else []
     head.append(f'process {pid}:"VLLM::Worker"')
     head.append(f"thread ({tid if tid is not None else pid}): {name}" if name else f"thread ({tid or pid})")
     return ";".join(head + list(frames)) + f" {count}"
@@ -231,9 +231,9 @@ def _record(processes, ms_per_token=50.0):
 
 def test_summary_columns_add_up_to_the_token_wall_time():
     text = "\n".join([
-        _line(["<module> (benchmarks/edge_harness/decode_profile.py:1)", "get (queue.py:171)",
+        _line(["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)", "get (queue.py:171)",
                "sem_clockwait (libc.so.6)"], pid=100, count=90, name="MainThread"),
-        _line(["<module> (benchmarks/edge_harness/decode_profile.py:1)",
+        _line(["<module> (vllm_omni_edge_bench/harness/decode_profile.py:1)",
                "process_outputs (vllm/v1/engine/output_processor.py:500)"], pid=100, count=10),
         _line(LINEAR + INT4PACK_NATIVE, pid=300, count=60),
         _line(ATTENTION + ["attn_kernel (_C.abi3.so)"], pid=300, count=15),
@@ -259,7 +259,7 @@ def test_summary_columns_add_up_to_the_token_wall_time():
 
 def _args(**overrides):
     args = decode_profile.build_parser().parse_args([])
-    args.argv = ["-m", "benchmarks.edge_harness.decode_profile"]
+    args.argv = ["-m", "vllm_omni_edge_bench.harness.decode_profile"]
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
@@ -331,7 +331,7 @@ def test_orchestration_samples_a_whole_fake_tree(tmp_path, monkeypatch):
             assert sum(thread["samples_by_category"].values()) == thread["samples"] > 0
     assert (out / "pyspy.raw.gz").stat().st_size > 0 and not (out / "pyspy.raw").exists()
     assert "## ms per token, main thread of each process" in (out / "decode_profile.md").read_text()
-    assert record["provenance"]["command"][1:3] == ["-m", "benchmarks.edge_harness.decode_profile"]
+    assert record["provenance"]["command"][1:3] == ["-m", "vllm_omni_edge_bench.harness.decode_profile"]
     # The window is the sampling itself, bounded by py-spy's own lines, not its launch.
     assert record["pyspy"]["window_from"] == "py-spy's output lines"
     assert 1.5 <= record["window"]["window_s"] < 10

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from benchmarks.edge_harness import decode_profile
-from benchmarks.edge_harness.stack_categories import FORWARD_CATEGORIES
+from vllm_omni_edge_bench.harness import decode_profile
+from vllm_omni_edge_bench.harness.stack_categories import FORWARD_CATEGORIES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

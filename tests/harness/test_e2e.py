@@ -10,9 +10,9 @@ import signal
 import psutil
 import pytest
 
-from benchmarks.edge_harness import cli, pass_events, runner
-from benchmarks.edge_harness.grid import parse_grid
-from benchmarks.edge_harness.report import write_report
+from vllm_omni_edge_bench.harness import cli, pass_events, runner
+from vllm_omni_edge_bench.harness.grid import parse_grid
+from vllm_omni_edge_bench.harness.report import write_report
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.edge_harness import cli
+from vllm_omni_edge_bench.harness import cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -2,13 +2,13 @@ import json
 
 import pytest
 
-from benchmarks.edge_harness.evidence import (
+from vllm_omni_edge_bench.harness.evidence import (
     collect_evidence,
     evidence_problems,
     parse_expectation,
     roles_by_pid,
 )
-from benchmarks.edge_harness.sizes import parse_size
+from vllm_omni_edge_bench.harness.sizes import parse_size
 
 # From a real worker: a 192 MiB budget allocated as 68 whole blocks.
 WORKER = {

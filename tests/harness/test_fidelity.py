@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.edge_harness import fidelity
-from benchmarks.edge_harness.fidelity import (
+from vllm_omni_edge_bench.harness import fidelity
+from vllm_omni_edge_bench.harness.fidelity import (
     HFLogitSource,
     PositionLogprobs,
     ReferenceCache,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.edge_harness import floor
+from vllm_omni_edge_bench.harness import floor
 
 
 def test_every_profile_names_known_steps():

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.edge_harness.grid import GridError, describe_axes, load_grid, parse_grid, resolve_model
+from vllm_omni_edge_bench.harness.grid import GridError, describe_axes, load_grid, parse_grid, resolve_model
 from tests.harness.conftest import grid_dict
 
-GRIDS = Path(__file__).resolve().parents[2] / "benchmarks" / "edge_harness" / "grids"
+GRIDS = Path(__file__).resolve().parents[2] / "vllm_omni_edge_bench" / "harness" / "grids"
 
 
 def error_of(data) -> str:
@@ -130,7 +130,7 @@ def test_reserved_cores_arms_differ_only_in_that_variable():
 
 
 def test_describe_axes_lists_every_field():
-    from benchmarks.edge_harness.grid import Arm, Grid, ServerWorkload
+    from vllm_omni_edge_bench.harness.grid import Arm, Grid, ServerWorkload
 
     text = describe_axes()
     for model in (Grid, Arm, ServerWorkload):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.edge_harness import kernel_bench
+from vllm_omni_edge_bench.harness import kernel_bench
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
         "num_key_value_heads": 2, "num_hidden_layers": 3, "vocab_size": 256}

@@ -2,7 +2,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.edge_harness.ledger import (
+from vllm_omni_edge_bench.harness.ledger import (
     MemoryLedger,
     canonical_role,
     parse_kb_lines,
@@ -55,7 +55,7 @@ def mem(pss, anon=None):
 def synthetic_ledger():
     """Front end 100 all along; a worker appears at t=2, peaks at 900 while loading, settles at 500."""
     ledger = MemoryLedger(root_pid=1)
-    from benchmarks.edge_harness.ledger import ProcessInfo
+    from vllm_omni_edge_bench.harness.ledger import ProcessInfo
 
     ledger.processes = {1: ProcessInfo(1, 0, 0.0, "python -m pass", title="python -m pass", role="frontend"),
                         2: ProcessInfo(2, 1, 0.0, "spawn", title="VLLM::Worker", role="worker")}
@@ -82,7 +82,7 @@ def test_windows_peak_during_load_steady_and_overall():
 
 def test_a_process_gone_before_the_steady_window_has_no_steady_state():
     ledger = synthetic_ledger()
-    from benchmarks.edge_harness.ledger import ProcessInfo
+    from vllm_omni_edge_bench.harness.ledger import ProcessInfo
 
     # A short-lived helper seen once during load (vLLM spawns some) must not get a steady state.
     ledger.processes[3] = ProcessInfo(3, 1, 0.0, "spawn_main", title="python -c spawn_main", role="other")
@@ -149,7 +149,7 @@ def test_an_orphan_is_still_counted_after_its_parent_dies():
 
 
 def test_cpu_seconds_in_all_and_while_the_workloads_ran():
-    from benchmarks.edge_harness.ledger import cpu_seconds
+    from vllm_omni_edge_bench.harness.ledger import cpu_seconds
 
     series = [(1000.0, 1.0), (1004.0, 3.0), (1007.0, 4.5), (1010.0, 9.0), (1011.0, 9.5)]
     assert cpu_seconds(series, 1004.5, 1010.0) == {"total": 9.5, "during_workloads": 6.0}

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.edge_harness import cli, fidelity
+from vllm_omni_edge_bench.harness import cli, fidelity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.edge_harness import fidelity as fid
+from vllm_omni_edge_bench.harness import fidelity as fid
 
 
 def test_numpy_topk_rows_match_the_torch_version():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.edge_harness import runner
-from benchmarks.edge_harness.evidence import evidence_problems
-from benchmarks.edge_harness.grid import GridError, parse_grid, resolve_arm_model
-from baselines.llamacpp import parse_llama_log
+from vllm_omni_edge_bench.harness import runner
+from vllm_omni_edge_bench.harness.evidence import evidence_problems
+from vllm_omni_edge_bench.harness.grid import GridError, parse_grid, resolve_arm_model
+from vllm_omni_edge_bench.baselines.llamacpp import parse_llama_log
 
 WORKLOADS = ["cold_start", {"decode": {"prompt_tokens": 16, "gen_tokens": 16}}, {"prefill": {"prompt_tokens": 64}}]
 
@@ -86,7 +86,7 @@ def test_check_runnable_names_a_missing_gguf_and_unsupported_workloads(tmp_path)
 
 
 def test_llamacpp_pass_module_is_registered():
-    assert runner.PASS_MODULES["llamacpp"] == "benchmarks.edge_harness.pass_llamacpp"
+    assert runner.PASS_MODULES["llamacpp"] == "vllm_omni_edge_bench.harness.pass_llamacpp"
     assert {"decode", "prefill", "ttft", "cold_start", "fidelity"} == runner.IMPLEMENTED_WORKLOADS["llamacpp"]
 
 

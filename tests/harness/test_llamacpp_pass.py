@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.edge_harness import pass_llamacpp
-from benchmarks.edge_harness.prompts import PromptBank
+from vllm_omni_edge_bench.harness import pass_llamacpp
+from vllm_omni_edge_bench.harness.prompts import PromptBank
 
 
 class FakePerf:

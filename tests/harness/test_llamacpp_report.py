@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.edge_harness import report
+from vllm_omni_edge_bench.harness import report
 
 MIB = 1 << 20
 

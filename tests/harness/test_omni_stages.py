@@ -1,10 +1,10 @@
-"""benchmarks/edge_harness/omni_stages.py without vLLM: attribution, evidence checks, summary, report."""
+"""vllm_omni_edge_bench/harness/omni_stages.py without vLLM: attribution, evidence checks, summary, report."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.edge_harness import omni_stages as om
+from vllm_omni_edge_bench.harness import omni_stages as om
 
 MIB = 1 << 20
 
@@ -17,7 +17,7 @@ def fake_tree() -> dict[str, dict]:
     """summarise_ledger()["processes"] of one pass: the pass process (Omni), three stage engine
     cores, each with a worker below it, a resource tracker, and a worker that left before steady."""
     procs = [
-        (100, 1, "python -m benchmarks.edge_harness.omni_stages pass --model m", mem(300, 250)),
+        (100, 1, "python -m vllm_omni_edge_bench.harness.omni_stages pass --model m", mem(300, 250)),
         (101, 100, "python -c from multiprocessing.resource_tracker import main;main(5)", mem(10, 8)),
         (110, 100, "VLLM::StageEngineCoreProc_stage0_replica0", mem(200, 150)),
         (111, 110, "VLLM::Worker", mem(700, 600)),

@@ -1,5 +1,5 @@
-from benchmarks.edge_harness.pass_vllm import discarded_settings
-from benchmarks.edge_harness.prompts import FIXED_TEXT, PromptBank
+from vllm_omni_edge_bench.harness.pass_vllm import discarded_settings
+from vllm_omni_edge_bench.harness.prompts import FIXED_TEXT, PromptBank
 
 
 class WordTokenizer:

@@ -2,7 +2,7 @@ import importlib.metadata
 import json
 import subprocess
 
-from benchmarks.edge_harness import provenance
+from vllm_omni_edge_bench.harness import provenance
 from tests.harness.conftest import FIXTURES
 
 

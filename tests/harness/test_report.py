@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from benchmarks.edge_harness import cli, runner
-from benchmarks.edge_harness.report import load_artifacts, render_markdown, resummarise, write_report
+from vllm_omni_edge_bench.harness import cli, runner
+from vllm_omni_edge_bench.harness.report import load_artifacts, render_markdown, resummarise, write_report
 from tests.harness.conftest import fake_grid, quiet_options
 
 
@@ -94,7 +94,7 @@ def test_cli_run_then_report(tmp_path, fake_engine, capsys):
 
 
 def test_memory_breakdown_takes_weights_and_an_eager_kv_out_of_the_tree():
-    from benchmarks.edge_harness.report import memory_breakdown_row
+    from vllm_omni_edge_bench.harness.report import memory_breakdown_row
 
     mib = 1 << 20
     worker = {"weights_bytes_by_class": {"linear": 60 * mib, "embedding": 30 * mib, "head": 0, "other": 1 * mib},
@@ -109,7 +109,7 @@ def test_memory_breakdown_takes_weights_and_an_eager_kv_out_of_the_tree():
 
 
 def test_memory_breakdown_row_of_llamacpp_has_the_same_columns():
-    from benchmarks.edge_harness.report import memory_breakdown_row
+    from vllm_omni_edge_bench.harness.report import memory_breakdown_row
 
     row = memory_breakdown_row("l", [{"evidence": {"workers": [{"model_size_bytes": 90 << 20}]},
                                       "result": {"engine": "llamacpp"}}], 200 << 20)

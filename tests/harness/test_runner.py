@@ -8,9 +8,9 @@ import time
 import psutil
 import pytest
 
-from benchmarks.edge_harness import runner
-from benchmarks.edge_harness.grid import GridError, parse_grid
-from benchmarks.edge_harness.report import load_artifacts, render_markdown
+from vllm_omni_edge_bench.harness import runner
+from vllm_omni_edge_bench.harness.grid import GridError, parse_grid
+from vllm_omni_edge_bench.harness.report import load_artifacts, render_markdown
 from tests.harness.conftest import fake_grid, grid_dict, quiet_options
 
 MIB = 1 << 20

@@ -1,4 +1,4 @@
-from benchmarks.edge_harness.schedule import interleaved
+from vllm_omni_edge_bench.harness.schedule import interleaved
 
 
 def test_interleaved_runs_every_arm_once_per_pass_in_grid_order():

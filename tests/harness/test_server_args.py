@@ -2,9 +2,9 @@
 
 import pytest
 
-from benchmarks.edge_harness import runner
-from benchmarks.edge_harness.grid import GridError, parse_grid
-from benchmarks.edge_harness.server_args import UnmappableKwargs, server_flags
+from vllm_omni_edge_bench.harness import runner
+from vllm_omni_edge_bench.harness.grid import GridError, parse_grid
+from vllm_omni_edge_bench.harness.server_args import UnmappableKwargs, server_flags
 from tests.harness.conftest import grid_dict
 
 
@@ -120,7 +120,7 @@ def test_server_arms_run_server_agent_and_timing_workloads(tmp_path):
 
 
 def test_pass_adds_served_name_and_tool_parser_only_for_agent_workloads():
-    from benchmarks.edge_harness import pass_vllm_server
+    from vllm_omni_edge_bench.harness import pass_vllm_server
 
     spec = {"llm_kwargs": {"enforce_eager": True}, "workloads": [{"kind": "decode"}]}
     assert pass_vllm_server.server_command_flags(spec) == [
@@ -133,7 +133,7 @@ def test_pass_adds_served_name_and_tool_parser_only_for_agent_workloads():
 def test_a_server_that_exited_makes_the_pass_raise(tmp_path):
     import types
 
-    from benchmarks.edge_harness import pass_vllm_server
+    from vllm_omni_edge_bench.harness import pass_vllm_server
 
     server = types.SimpleNamespace(proc=types.SimpleNamespace(poll=lambda: None), base_url="http://x",
                                    log_path=tmp_path / "server.log", log_tail=lambda n: "EngineCore died")
@@ -145,7 +145,7 @@ def test_a_server_that_exited_makes_the_pass_raise(tmp_path):
 
 
 def test_engine_init_time_is_read_from_vllms_own_log_line():
-    from benchmarks.edge_harness.pass_vllm_server import logged_engine_init_s
+    from vllm_omni_edge_bench.harness.pass_vllm_server import logged_engine_init_s
 
     line = ("(APIServer pid=1) INFO 12-02 10:34:25 [core.py:379] init engine (profile, create kv "
             "cache, warmup model) took 3.53 s\n")

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.edge_harness import server_load
-from benchmarks.edge_harness.server_load import RequestOutcome
+from vllm_omni_edge_bench.harness import server_load
+from vllm_omni_edge_bench.harness.server_load import RequestOutcome
 from tests.harness.conftest import FIXTURES
 
 

@@ -1,8 +1,8 @@
 """What server passes add to the ledger and the report: a client outside the tree totals,
 and the agent tasks table."""
 
-from benchmarks.edge_harness.ledger import HARNESS_CLIENT, canonical_role, summarise_ledger
-from benchmarks.edge_harness.report import _agent_table, format_value
+from vllm_omni_edge_bench.harness.ledger import HARNESS_CLIENT, canonical_role, summarise_ledger
+from vllm_omni_edge_bench.harness.report import _agent_table, format_value
 from tests.harness.test_ledger import synthetic_ledger
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.edge_harness import standing
-from benchmarks.edge_harness.provenance import PROJECT_ROOT
+from vllm_omni_edge_bench.harness import standing
+from vllm_omni_edge_bench.harness.provenance import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.edge_harness.stats import figures_of_pass, summarise
+from vllm_omni_edge_bench.harness.stats import figures_of_pass, summarise
 
 
 def record(arm, pass_index, tok_s=None, status="ok", reasons=(), steady_pss=None, roles=None):

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.edge_harness import pass_vllm, pass_vllm_server, runner
-from benchmarks.edge_harness.grid import GridError, load_grid, parse_grid
-from benchmarks.edge_harness.report import USER_MARK, load_artifacts, render_markdown
+from vllm_omni_edge_bench.harness import pass_vllm, pass_vllm_server, runner
+from vllm_omni_edge_bench.harness.grid import GridError, load_grid, parse_grid
+from vllm_omni_edge_bench.harness.report import USER_MARK, load_artifacts, render_markdown
 from tests.harness.conftest import grid_dict, quiet_options
 
-GRIDS = Path(__file__).resolve().parents[2] / "benchmarks" / "edge_harness" / "grids"
+GRIDS = Path(__file__).resolve().parents[2] / "vllm_omni_edge_bench" / "harness" / "grids"
 
 
 def _user_grid(engine="vllm", workloads=None, **arm):

@@ -28,7 +28,7 @@ from statistics import median
 
 import httpx
 
-from benchmarks.edge_harness.omni_stages import attribute_stages
+from vllm_omni_edge_bench.harness.omni_stages import attribute_stages
 from tests.omni.omni_server import OmniServer
 from tests.speech import wav
 

@@ -5,7 +5,7 @@ quantized at load, the same ``quantize`` the builder runs) against the bf16
 transformers reference on the shipped text: KL(reference || cpu_int4) per position
 and the share of positions whose top-1 token agrees.
 
-Bounds, from ``benchmarks/edge_harness/results/2026-11-30-quality-default`` (767 positions,
+Bounds, from ``results/2026-11-30-quality-default`` (767 positions,
 3 passes, deterministic): KLD mean 0.0645 nats, same top-1 80.7 %. They leave room for
 kernel rounding between CPUs, and fail on the regressions seen before: group 128
 (0.298 nats) and group 64 with integer zero points (0.309 nats, 61.4 %).
@@ -16,11 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.edge_harness import fidelity
-from benchmarks.edge_harness.grid import Grid
-from benchmarks.edge_harness.runner import RunOptions, check_runnable, run_pass
-from benchmarks.edge_harness.schedule import ScheduledPass
-from benchmarks.edge_harness.stats import figures_of_pass
+from vllm_omni_edge_bench.harness import fidelity
+from vllm_omni_edge_bench.harness.grid import Grid
+from vllm_omni_edge_bench.harness.runner import RunOptions, check_runnable, run_pass
+from vllm_omni_edge_bench.harness.schedule import ScheduledPass
+from vllm_omni_edge_bench.harness.stats import figures_of_pass
 from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
 

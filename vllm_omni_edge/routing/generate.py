@@ -1,8 +1,8 @@
 """Write the routing table from kernel-path artifacts: ``measured_paths.json``.
 
-    python -m vllm_omni_edge.routing.generate benchmarks/edge_harness/results/*-kernel-paths-*/kernel_paths.json
+    python -m vllm_omni_edge.routing.generate results/*-kernel-paths-*/kernel_paths.json
 
-Each artifact (``benchmarks/edge_harness/kernel_bench.py``) gives, for one CPU class,
+Each artifact (``vllm_omni_edge_bench/harness/kernel_bench.py``) gives, for one CPU class,
 every path's time per phase over interleaved passes. When several artifacts cover
 the same class and phase, the newest wins. Classes with no artifact get the
 "assumed" rows below, each saying where the assumption comes from.

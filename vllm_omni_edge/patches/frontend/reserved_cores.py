@@ -19,7 +19,7 @@ the one-process server ran its model on one core (``MEASUREMENT_ONE_PROCESS``), 
 layouts reserve 0. (vLLM's in-process ``LLM()`` worker ran 2 threads with 1 reserved anyway.)
 When a layout patch falls back to vLLM's processes (the configuration needs them), it calls
 ``reserve_for_vllm_layout`` before they are spawned.
-Verified by: the harness grids ``benchmarks/edge_harness/grids/reserved-cores.yaml`` and
+Verified by: the harness grids ``vllm_omni_edge_bench/harness/grids/reserved-cores.yaml`` and
 ``reserved-cores-one-process.yaml`` (quoted in ``MEASUREMENT``, ``MEASUREMENT_ONE_PROCESS``), and tests/test_patches.py (the worker's
 OMP binding follows the chosen value; the user's setting always wins).
 Remove when: vLLM sizes its reservation by core count itself (not as of 0.30.0).
@@ -38,13 +38,13 @@ ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 MEASURED_DEFAULTS: dict[int, int] = {2: 1}
 
 MEASUREMENT = (
-    "benchmarks/edge_harness/results/2026-11-30-reserved-cores: 2-core AVX2 EPYC, "
+    "results/2026-11-30-reserved-cores: 2-core AVX2 EPYC, "
     "eager, SmolLM2-135M bf16, 3 interleaved passes; see docs/edge/reserved-cores.md"
 )
 # Layouts with no engine-core process beside the model: reserve nothing.
 ONE_PROCESS_RESERVED = 0
 MEASUREMENT_ONE_PROCESS = (
-    "benchmarks/edge_harness/results/2026-12-03-reserved-cores-one-process: 2-core AMX Xeon, "
+    "results/2026-12-03-reserved-cores-one-process: 2-core AMX Xeon, "
     "compiled, SmolLM2-135M cpu_int4, one-process server, 1 reserved vs 0"
 )
 

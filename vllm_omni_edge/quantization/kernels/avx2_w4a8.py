@@ -120,7 +120,7 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
 # at::mm (oneDNN's matmul; avx512_core_amx on an AMX CPU). Below it, and for decode, the
 # W4A8 tiles. The threshold is where dequantizing a layer costs less than the tiles' per-row
 # work it replaces (docs/edge/cpu-4bit.md); not yet measured on an AMX CPU:
-# benchmarks/edge_harness/int4_prefill_bench.py sweeps it.
+# vllm_omni_edge_bench/harness/int4_prefill_bench.py sweeps it.
 PREFILL_MIN_ROWS = 32
 # One block's bf16 weights stay in a core's L2 while oneDNN reads them (block size swept by
 # int4_prefill_bench).
