@@ -164,6 +164,7 @@ def collect_worker_evidence(worker) -> dict:
         "weights_bytes_by_class": _weights_by_class(
             model, (VocabParallelEmbedding,), (ParallelLMHead,)),
         "heap_trim": _heap_trim(),
+        "checkpoint_read": _checkpoint_read(),
         **_rms_norm_dispatch(model),
         "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
         # One value an arm can expect: the longest spin; None with no shm queue (model in the engine core).
@@ -298,6 +299,13 @@ def _heap_trim() -> dict | None:
     from vllm_omni_edge.patches.worker import heap_trim
 
     return heap_trim.last_trim
+
+
+def _checkpoint_read() -> dict:
+    """How this process read safetensors checkpoints (patches/worker/checkpoint_read_per_tensor.py)."""
+    from vllm_omni_edge.patches.worker import checkpoint_read_per_tensor
+
+    return dict(checkpoint_read_per_tensor.stats)
 
 
 def _cpu_int4_kernel_counts() -> dict[str, int]:

@@ -13,6 +13,7 @@ inherit the front end's environment).
 | cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
 | cpu_int4 rows16 prefill (calls of 32 rows or more): a bf16 GEMM (oneDNN) on blocks dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or the W4A8 tiles as decode (w4a8) | VLLM_OMNI_EDGE_INT4_PREFILL=auto/bf16/w4a8 | auto | quantization/kernels/avx2_w4a8.py (csrc: rows16_bf16_mm) |
+| safetensors checkpoint read tensor by tensor, or mapped whole by safe_open while loading (vLLM) | VLLM_OMNI_EDGE_CHECKPOINT_READ=read/mmap | read | patches/worker/checkpoint_read_per_tensor.py |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 | process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
@@ -48,6 +49,7 @@ INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
 WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
+CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
@@ -162,6 +164,10 @@ def int4_prefill_mode() -> str:
 
 def heap_trim_enabled() -> bool:
     return _choice(HEAP_TRIM_ENV, ("1", "0"), "1") == "1"
+
+
+def checkpoint_read_mode() -> str:
+    return _choice(CHECKPOINT_READ_ENV, ("read", "mmap"), "read")
 
 
 def shm_spin_seconds() -> float:

@@ -36,6 +36,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.engine_core_parent_watch",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
+    "vllm_omni_edge.patches.worker.checkpoint_read_per_tensor",
     "vllm_omni_edge.patches.worker.heap_trim",
     "vllm_omni_edge.patches.worker.shm_reader_wait",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
