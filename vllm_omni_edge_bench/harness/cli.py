@@ -3,6 +3,7 @@
     edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--prime] [--keep-going]
     edge-harness report DIR
     edge-harness standing [--update FILE]
+    edge-harness routing-table [--check]
 """
 
 from __future__ import annotations
@@ -48,7 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
         "standing", help="the current-standing table from the runs listed in docs/edge/standing-runs.txt")
     standing.add_argument("--update", type=Path, metavar="FILE",
                           help="rewrite the table between the standing markers in FILE (e.g. README.md)")
+    routing = commands.add_parser(
+        "routing-table", help="regenerate vllm_omni_edge/routing/measured_paths.json (and docs/edge/routing.md's copy) "
+                              "from the harness's routing_sources/")
+    routing.add_argument("--check", action="store_true", help="exit 1 if either is not what the sources give")
     return parser
+
+
+def _routing_table(args: argparse.Namespace) -> int:
+    from vllm_omni_edge_bench.harness import routing_table
+
+    if args.check:
+        stale = routing_table.stale()
+        for path in stale:
+            print(f"{path}: stale: run edge-harness routing-table")
+        if not stale:
+            print("routing table: current")
+        return EXIT_NOT_OK if stale else EXIT_OK
+    _table, changed = routing_table.regenerate()
+    for path in changed:
+        print(f"{path}: written")
+    if not changed:
+        print("routing table: already current")
+    return EXIT_OK
 
 
 def _standing(args: argparse.Namespace) -> int:
@@ -103,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "standing":
             return _standing(args)
+        if args.command == "routing-table":
+            return _routing_table(args)
         from vllm_omni_edge_bench.harness.report import load_artifacts, resummarise, write_report
 
         if args.resummarise:
