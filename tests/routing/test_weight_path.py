@@ -1,13 +1,12 @@
-"""The router: table loading, ranking per phase, the generated table, and the kernel order it sets."""
+"""The router: table loading, ranking per phase, and the kernel order it sets."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
 
-from vllm_omni_edge.routing import generate, weight_path
+from vllm_omni_edge.routing import weight_path
 from vllm_omni_edge.routing.weight_path import Row, decide
 
 
@@ -55,67 +54,11 @@ def test_measured_rows_outrank_assumed_ones_and_unknown_classes_get_the_any_cpu_
     assert d.decode_order == ("dequant",) and d.status == "assumed"
 
 
-def test_generated_table_keeps_the_newest_artifact_and_fills_unmeasured_classes(tmp_path):
-    def artifact(name, started, int4pack_ms):
-        path = tmp_path / name
-        path.write_text(json.dumps({
-            "provenance": {"started": started}, "model": "default", "cpu_class": "x86-avx2",
-            "result": {"threads": 1, "summary": {
-                "decode": {"int4pack": {"median_ms": int4pack_ms, "min_ms": 1, "max_ms": 2, "passes_ms": [1, 2, 3]},
-                           "dequant": {"median_ms": 500.0, "min_ms": 1, "max_ms": 2, "passes_ms": [1, 2, 3]}}}},
-        }))
-        return path
-
-    table = generate.build_table([artifact("new.json", "2026-11-30T12:00", 10.0),
-                                  artifact("old.json", "2026-11-29T12:00", 99.0)])
-    mine = [r for r in table["rows"] if r["cpu_class"] == "x86-avx2"]
-    assert {r["path"]: r["median_ms"] for r in mine} == {"int4pack": 10.0, "dequant": 500.0}
-    assert all(r["status"] == "measured" and "new.json" in r["source"] for r in mine)
-    amx = [r for r in table["rows"] if r["cpu_class"] == "x86-amx"]
-    assert amx and all(r["status"] == "assumed" and "field-notes" in r["source"] for r in amx)
-    rows = tuple(Row(**r) for r in table["rows"])
-    assert decide("x86-avx2", rows).decode_order == ("int4pack", "dequant")
-
-
-def test_newest_artifact_replaces_a_phase_whole_and_subsets_are_refused(tmp_path):
-    def artifact(name, started, decode, complete=True):
-        path = tmp_path / name
-        path.write_text(json.dumps({
-            "provenance": {"started": started}, "model": "default", "cpu_class": "x86-avx2", "complete": complete,
-            "result": {"threads": 1, "summary": {"decode": {
-                p: {"median_ms": ms, "min_ms": ms, "max_ms": ms, "passes_ms": [ms] * 3} for p, ms in decode.items()}}},
-        }))
-        return path
-
-    old = artifact("old.json", "2026-11-29T12:00", {"int4pack": 20.0, "dequant": 500.0})
-    new = artifact("new.json", "2026-11-30T12:00", {"int4pack": 25.0, "avx2_w4a8": 8.0})
-    mine = [r for r in generate.build_table([old, new])["rows"] if r["cpu_class"] == "x86-avx2"]
-    # The old run's dequant time is not ranked against the new run's times.
-    assert {r["path"]: r["median_ms"] for r in mine} == {"int4pack": 25.0, "avx2_w4a8": 8.0}
-    subset = artifact("subset.json", "2026-12-01T12:00", {"avx2_w4a8": 7.0}, complete=False)
-    with pytest.raises(generate.IncompleteArtifactError, match="subset"):
-        generate.build_table([old, subset])
-
-
 def test_a_broken_table_is_a_clear_error(tmp_path):
     bad = tmp_path / "t.json"
     bad.write_text("{not json")
     with pytest.raises(weight_path.RoutingTableError, match="unreadable"):
         weight_path.load_table(bad)
-
-
-def test_shipped_table_is_generated_from_committed_artifacts():
-    from pathlib import Path
-
-    table = json.loads(weight_path.TABLE_PATH.read_text())
-    assert table["generated_by"].startswith("python -m vllm_omni_edge.routing.generate")
-    root = Path(generate.__file__).resolve().parents[2]
-    for r in table["rows"]:
-        if r["status"] == "measured":
-            relative = r["source"].split(" (")[0]
-            assert not relative.startswith("/"), f"{relative}: not an artifact in the repository"
-            artifact = root / relative
-            assert artifact.is_file(), f"{r['source']} is not a committed artifact"
 
 
 def test_choose_kernel_follows_the_router_order(monkeypatch):

@@ -1,7 +1,7 @@
 """Pick the cpu_int4 path per CPU class and phase from the measured table.
 
-The table (``measured_paths.json`` beside this file) is generated from harness
-artifacts by ``python -m vllm_omni_edge.routing.generate`` (never typed by hand):
+The table (``measured_paths.json`` beside this file) is generated from kernel benchmark
+artifacts by the harness (``edge-harness routing-table``; never typed by hand):
 each row is one path's time for one phase on one CPU class, with the artifact it
 came from. CPU classes this project could not measure carry "assumed" rows that
 say where the assumption comes from.

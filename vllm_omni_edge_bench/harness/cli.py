@@ -3,6 +3,8 @@
     edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--prime] [--keep-going]
     edge-harness report DIR
     edge-harness standing [--update FILE]
+    edge-harness results-index [--write FILE | --check FILE]
+    edge-harness routing-table [--check]
 """
 
 from __future__ import annotations
@@ -48,7 +50,56 @@ def build_parser() -> argparse.ArgumentParser:
         "standing", help="the current-standing table from the runs listed in docs/edge/standing-runs.txt")
     standing.add_argument("--update", type=Path, metavar="FILE",
                           help="rewrite the table between the standing markers in FILE (e.g. README.md)")
+    index = commands.add_parser(
+        "results-index", help="docs/edge/results.md: the current-standing table and one line per results directory")
+    where = index.add_mutually_exclusive_group()
+    where.add_argument("--write", type=Path, metavar="FILE", help="write the page to FILE (e.g. docs/edge/results.md)")
+    where.add_argument("--check", type=Path, metavar="FILE", help="exit 1 if FILE is not what would be written")
+    routing = commands.add_parser(
+        "routing-table", help="regenerate vllm_omni_edge/routing/measured_paths.json (and docs/edge/routing.md's copy) "
+                              "from the harness's routing_sources/")
+    routing.add_argument("--check", action="store_true", help="exit 1 if either is not what the sources give")
     return parser
+
+
+def _results_index(args: argparse.Namespace) -> int:
+    from vllm_omni_edge_bench.harness import results_index, standing
+
+    try:
+        page = results_index.render()
+    except (standing.StandingError, FileNotFoundError) as error:
+        print(f"edge-harness results-index: {error}", file=sys.stderr)
+        return EXIT_NOT_OK
+    if args.check:
+        current = args.check.is_file() and args.check.read_text() == page
+        print(f"{args.check}: {'current' if current else 'stale: run edge-harness results-index --write ' + str(args.check)}")
+        return EXIT_OK if current else EXIT_NOT_OK
+    if args.write:
+        changed = not args.write.is_file() or args.write.read_text() != page
+        if changed:
+            args.write.write_text(page)
+        print(f"{args.write}: {'written' if changed else 'already current'}")
+    else:
+        sys.stdout.write(page)
+    return EXIT_OK
+
+
+def _routing_table(args: argparse.Namespace) -> int:
+    from vllm_omni_edge_bench.harness import routing_table
+
+    if args.check:
+        stale = routing_table.stale()
+        for path in stale:
+            print(f"{path}: stale: run edge-harness routing-table")
+        if not stale:
+            print("routing table: current")
+        return EXIT_NOT_OK if stale else EXIT_OK
+    _table, changed = routing_table.regenerate()
+    for path in changed:
+        print(f"{path}: written")
+    if not changed:
+        print("routing table: already current")
+    return EXIT_OK
 
 
 def _standing(args: argparse.Namespace) -> int:
@@ -103,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "standing":
             return _standing(args)
+        if args.command == "results-index":
+            return _results_index(args)
+        if args.command == "routing-table":
+            return _routing_table(args)
         from vllm_omni_edge_bench.harness.report import load_artifacts, resummarise, write_report
 
         if args.resummarise:

@@ -18,8 +18,8 @@ the layer count: hot-cache times, which ranked ``avx2_w4a8`` ahead of ``int4pack
 both boxes while it decoded slower end to end). Fastest of ``--repeats`` forwards per
 pass; median over passes with min and max. Kernel-level, not end to end: the grids
 show the end-to-end effect of the path the router picks.
-The artifact carries provenance like a grid's and feeds
-``python -m vllm_omni_edge.routing.generate``.
+The artifact carries provenance like a grid's; copied into ``routing_sources/``, it feeds
+``edge-harness routing-table``.
 """
 
 from __future__ import annotations
