@@ -16,6 +16,7 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+from vllm_omni_edge import envs
 from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.levers import startup_gc
 from vllm_omni_edge.log import get_logger
@@ -25,8 +26,7 @@ logger = get_logger("evidence")
 
 
 def evidence_dir() -> Path | None:
-    value = os.environ.get(EVIDENCE_ENV)
-    return Path(value) if value else None
+    return envs.get(EVIDENCE_ENV)
 
 
 def process_role() -> str:
@@ -211,7 +211,7 @@ def collect_worker_evidence(worker) -> dict:
         # main thread's own affinity is just the first of them.
         "omp_cpu_binding": os.environ.get("GOMP_CPU_AFFINITY"),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "lever_flags": {k: v for k, v in os.environ.items() if k.startswith("VLLM_OMNI_EDGE_")},
+        "lever_flags": envs.snapshot(),
     }
 
 

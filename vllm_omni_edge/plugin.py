@@ -9,6 +9,7 @@ logger = get_logger("plugin")
 
 def register_general_plugin() -> None:
     """Apply our patches in this process; vLLM calls this once per process."""
+    from vllm_omni_edge import envs
     from vllm_omni_edge.evidence import write_process_record
     from vllm_omni_edge.patches import apply_plugin_patches
 
@@ -21,3 +22,6 @@ def register_general_plugin() -> None:
         len(failed),
     )
     write_process_record()
+    if unread := envs.unknown():
+        logger.warning("vllm-omni-edge: %s set, but nothing reads it (the flags: docs/edge/flags.md)",
+                       ", ".join(unread))

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.quantization.helpers import int4_layer, relative_error
+from vllm_omni_edge.cache_paths import CACHE_ENV
 from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
@@ -230,7 +231,7 @@ def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):
     code = ("import json; from vllm_omni_edge.quantization.kernels import native; "
             "print(json.dumps(native.load_w4a8_avx2()))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, native.CACHE_ENV: str(tmp_path)})
+                          env={**os.environ, CACHE_ENV: str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded, why = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not loaded and "vllm-omni-edge build-kernels" in why
@@ -238,11 +239,11 @@ def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):
 
 
 def test_library_name_follows_source_and_flags(tmp_path, monkeypatch):
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     edited = tmp_path / "w4a8_avx2.cpp"
     edited.write_bytes(native.W4A8_AVX2_SOURCE.read_bytes() + b"\n// edited\n")
     shipped = native.library_path()
-    assert shipped.parent == tmp_path
+    assert shipped.parent == tmp_path / "kernels"
     assert native.library_path(edited) != shipped
     assert native.library_path(flags=native.W4A8_AVX2_FLAGS + ("-g",)) != shipped
 
@@ -279,10 +280,10 @@ def test_a_failed_build_is_a_named_error_and_leaves_nothing(tmp_path, monkeypatc
     def broken_compiler(**_kwargs):
         raise RuntimeError("g++: command not found")
 
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(cpp_extension, "load", broken_compiler)
     if not native.x86_64():
         pytest.skip("the C++ kernel is x86-64 only")
     with pytest.raises(native.KernelBuildError, match="w4a8_avx2.cpp failed: g\\+\\+: command not found"):
         native.build_w4a8_avx2()
-    assert list(tmp_path.iterdir()) == []  # no library, no temporary build directory
+    assert list(native.cache_dir().iterdir()) == []  # no library, no temporary build directory

@@ -12,11 +12,11 @@ zero points, which the default format does not have).
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 
+from vllm_omni_edge import envs
 from vllm_omni_edge.cpu_features import cpu_class, cpu_model_name, usable_cores
 
 # Packages that must either import cleanly or be absent.
@@ -121,10 +121,27 @@ def route_checks() -> list[Check]:
         try:
             kernel, _ = choose_kernel(features, act_dtype=torch.bfloat16, float_zero=float_zero, **ROUTE_PROBE)
             picks.append(f"{label} -> {kernel.name}")
-        except KernelUnavailableError as exc:
+        except (KernelUnavailableError, envs.FlagError) as exc:
             picks.append(f"{label} -> none ({exc})")
-    forced = f"; forced by {KERNEL_ENV}" if os.environ.get(KERNEL_ENV, "").strip() else ""
+    forced = f"; forced by {KERNEL_ENV}" if envs.is_set(KERNEL_ENV) else ""
     return [Check("cpu_int4", True, f"{'; '.join(picks)}{forced} [{route_summary(features)}]")]
+
+
+def flag_checks() -> list[Check]:
+    """Every VLLM_OMNI_EDGE_* variable set: a value the plugin would refuse is BAD, one that
+    nothing reads a warning (docs/edge/flags.md)."""
+    bad = []
+    for flag in envs.FLAGS:
+        try:
+            flag.read()
+        except envs.FlagError as err:
+            bad.append(str(err))
+    checks = [Check("flags", not bad, "; ".join(bad) or ", ".join(
+        f"{k}={v}" for k, v in sorted(envs.snapshot().items()) if k in envs.REGISTRY) or "none set")]
+    if envs.unknown():
+        checks.append(Check("flags", True, f"set but read by nothing: {', '.join(envs.unknown())}",
+                            warning=True))
+    return checks
 
 
 def run_checks() -> list[Check]:
@@ -132,6 +149,7 @@ def run_checks() -> list[Check]:
               + route_checks())
     checks.append(Check("cpu", True, f"{cpu_model_name()}, class {cpu_class()}, "
                         f"{usable_cores()} usable cores"))
+    checks += flag_checks()
     return checks
 
 

@@ -80,6 +80,13 @@ def _cmd_patches(args) -> int:
     return 0
 
 
+def _cmd_flags(args) -> int:
+    from vllm_omni_edge import envs
+
+    sys.stdout.write(envs.render_markdown() if args.markdown else envs.render_text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-omni-edge", description="vLLM and vLLM-Omni on edge CPUs."
@@ -145,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     patches = sub.add_parser("patches", help="list our patches to vLLM")
     patches.add_argument("--markdown", action="store_true", help="print docs/edge/patches.md")
     patches.set_defaults(func=_cmd_patches)
+
+    flags = sub.add_parser("flags", help="list our environment variables and their values here")
+    flags.add_argument("--markdown", action="store_true", help="print docs/edge/flags.md")
+    flags.set_defaults(func=_cmd_flags)
     return parser
 
 

@@ -19,11 +19,12 @@ server's own, so vLLM still sees a client disconnect and aborts the request.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from vllm_omni_edge import envs
+
 MAX_REQUEST_BYTES_ENV = "VLLM_OMNI_EDGE_MAX_REQUEST_BYTES"
-DEFAULT_MAX_REQUEST_BYTES = 8 << 20  # base64 audio/images for omni models fit; 10 MB does not
+DEFAULT_MAX_REQUEST_BYTES = envs.flag(MAX_REQUEST_BYTES_ENV).default
 
 
 class RequestRefused(Exception):
@@ -41,16 +42,7 @@ class RequestRefused(Exception):
 
 def max_request_bytes(environ: dict[str, str] | None = None) -> int:
     """The body limit from the environment; a bad value is an error naming the variable."""
-    raw = (os.environ if environ is None else environ).get(MAX_REQUEST_BYTES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_REQUEST_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ValueError(f"{MAX_REQUEST_BYTES_ENV}={raw!r} is not a positive number of bytes")
-    return value
+    return envs.get(MAX_REQUEST_BYTES_ENV, environ)
 
 
 def too_large(size: int, limit: int, *, declared: bool) -> RequestRefused:

@@ -184,13 +184,14 @@ def take_layout_flag(args: list[str]) -> tuple[list[str], bool | None]:
 
 def _select_process_layout(single_process: bool | None) -> None:
     """Set the layout flag before vLLM is imported; refuse a contradictory pair of flags."""
-    from vllm_omni_edge.levers import SINGLE_PROCESS_ENV, LeverFlagError, single_process_enabled
+    from vllm_omni_edge import envs
+    from vllm_omni_edge.levers import SINGLE_PROCESS_ENV, single_process_enabled
 
     if single_process is not None:
-        os.environ[SINGLE_PROCESS_ENV] = "1" if single_process else "0"
+        envs.set_env(SINGLE_PROCESS_ENV, single_process)
     try:
         single_process_enabled()
-    except LeverFlagError as err:
+    except envs.FlagError as err:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 

@@ -42,11 +42,12 @@ def main(apply_serving_defaults: bool = True) -> int | None:
 
 def pause_collection_for_start(program: str) -> None:
     """levers/startup_gc.py's pause; a bad flag value is a one-line error, not a traceback."""
-    from vllm_omni_edge.levers import LeverFlagError, startup_gc
+    from vllm_omni_edge import envs
+    from vllm_omni_edge.levers import startup_gc
 
     try:
         startup_gc.pause()
-    except LeverFlagError as err:
+    except envs.FlagError as err:
         raise SystemExit(f"{program}: {err}") from None
 
 

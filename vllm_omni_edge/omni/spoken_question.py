@@ -218,7 +218,7 @@ def build_pipeline_dir(asr_dir: str | Path, answer_dir: str | Path, out_dir: str
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{label} checkpoint {path} has no config.json")
     if out_dir is None:
-        from vllm_omni_edge.models.default_model import cache_root
+        from vllm_omni_edge.cache_paths import cache_root
 
         out_dir = cache_root() / "omni"
     key = hashlib.sha256(f"{LAYOUT_VERSION}\0{asr}\0{answer}".encode()).hexdigest()[:12]

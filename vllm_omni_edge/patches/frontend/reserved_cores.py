@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 
+from vllm_omni_edge import envs
 from vllm_omni_edge.cpu_features import usable_cores
 from vllm_omni_edge.patches.base import PatchRecord, Process
 
@@ -88,7 +89,7 @@ def reserve_for_vllm_layout() -> str:
     """Before vLLM's own processes are spawned in a process that expected one process (the
     configuration needed vLLM's layout): the three-process value, unless the user set one.
     Called by the layout patches (single_process, llm_in_process) when they fall back."""
-    if os.environ.get(_CHOSEN_HERE) != "1":
+    if not envs.get(_CHOSEN_HERE):
         return f"{ENV}={os.environ.get(ENV, '')!r} set by the user; left alone"
     return _reserve_for_three_processes()
 
@@ -97,7 +98,7 @@ def apply() -> str:
     if os.environ.get(ENV, "") != "":
         # The user's, or a parent process's choice that this child inherited.
         return f"{ENV}={os.environ[ENV]} already set; left alone"
-    os.environ[_CHOSEN_HERE] = "1"
+    envs.set_env(_CHOSEN_HERE, True)
     layout = engine_loop_beside_the_model()
     if layout is not None:
         os.environ[ENV] = str(ONE_PROCESS_RESERVED)

@@ -21,10 +21,9 @@ layer the forced kernel cannot run is an error, not a silent fallback.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from vllm_omni_edge import envs
 from vllm_omni_edge.quantization.kernels.amx_w4a8 import AmxW4A8Kernel
 from vllm_omni_edge.quantization.kernels.avx2_w4a8 import (
     Avx2W4A8Kernel,
@@ -74,12 +73,8 @@ def choose_kernel(
     float_zero: bool = False,
 ) -> tuple[type[Int4Kernel], str]:
     """The kernel for one layer and why it was chosen (including why others were not)."""
-    forced = os.environ.get(KERNEL_ENV, "").strip()
+    forced = envs.get(KERNEL_ENV)
     if forced:
-        if forced not in KERNELS:
-            raise KernelUnavailableError(
-                f"{KERNEL_ENV}={forced!r} is not a kernel (choose from {', '.join(KERNELS)})"
-            )
         ok, reason = KERNELS[forced].can_implement(features, group_size, K, N, act_dtype,
                                                    float_zero=float_zero)
         if not ok:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import platform
 import tempfile
 from pathlib import Path
@@ -24,8 +23,8 @@ from pathlib import Path
 import torch
 
 from vllm_omni_edge.atomic import atomic_write_bytes
+from vllm_omni_edge.cache_paths import cache_root
 
-CACHE_ENV = "VLLM_OMNI_EDGE_KERNEL_CACHE"
 CSRC = Path(__file__).parent / "csrc"
 W4A8_AVX2_SOURCE = CSRC / "w4a8_avx2.cpp"
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
@@ -40,10 +39,7 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV) or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    ) / "vllm_omni_edge" / "kernels"
-    return Path(root)
+    return cache_root() / "kernels"
 
 
 def library_path(source: Path = W4A8_AVX2_SOURCE, flags: tuple[str, ...] = W4A8_AVX2_FLAGS) -> Path:

@@ -48,7 +48,7 @@ def cpu_deploy_config(name: str, out_dir: str | Path | None = None) -> Path:
         data["base_config"] = _resolve_base(data["base_config"], out_dir)
     text = yaml.safe_dump(data, sort_keys=False).encode()
     if out_dir is None:
-        from vllm_omni_edge.models.default_model import cache_root
+        from vllm_omni_edge.cache_paths import cache_root
 
         out_dir = cache_root() / "deploy"
     # Content-addressed, so concurrent callers never see each other's half-written copy.
