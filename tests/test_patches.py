@@ -89,7 +89,7 @@ def test_reserved_cores_user_setting_wins(monkeypatch):
     assert reserved_cores.default_reserved_cores(2) == 1  # measured, see the module
 
 
-LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS", "VLLM_OMNI_EDGE_WORKER_IN_ENGINE")
+LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS")
 
 
 @pytest.mark.parametrize("layout_env,value,reserved", [
@@ -98,7 +98,6 @@ LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS"
     ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "0", "1"),  # serve --multi-process
     ("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "0"),  # LLM() with vLLM's in-process flag
     ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1", "0"),  # serve --single-process
-    ("VLLM_OMNI_EDGE_WORKER_IN_ENGINE", "1", "0"),
 ])
 def test_reserved_cores_by_layout_on_two_cores(monkeypatch, layout_env, value, reserved):
     for env in (reserved_cores.ENV, reserved_cores._CHOSEN_HERE, *LAYOUT_ENVS):
@@ -194,7 +193,7 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
     assert worker["shm_reader_spin_s"] == 0.0
     engine_core = next(p for p in run.processes if p["role"] == "EngineCore")
     assert engine_core["shm_reader_busy_loop_s"] == [0.0]
-    assert worker["rms_norm_impl"] == "native"  # the fused kernel is opt-in
+    assert worker["rms_norm_impl"] == "native"  # vLLM's own RMSNorm implementation
     if usable_cores() in reserved_cores.MEASURED_DEFAULTS:
         reserved = reserved_cores.MEASURED_DEFAULTS[usable_cores()]
         assert worker["torch_threads"] == usable_cores() - reserved
@@ -225,20 +224,3 @@ def test_engine_core_thread_binding_leaves_the_reserved_cores():
     with pytest.raises(ValueError, match="leaves none of the 2 usable cores"):
         engine_thread_binding([0, 1], 2)
 
-
-@pytest.mark.e2e
-def test_worker_in_engine_core_runs_the_model_in_two_processes(default_model, tmp_path, monkeypatch):
-    from tests.e2e.probe import run_probe
-
-    monkeypatch.delenv(reserved_cores.ENV, raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    run = run_probe(default_model, tmp_path / "evidence", VLLM_OMNI_EDGE_WORKER_IN_ENGINE="1")
-    assert run.returncode == 0, run.log
-    assert "Paris" in run.text
-    assert sorted(p["role"] for p in run.processes) == ["EngineCore", "frontend"]
-    [worker] = run.workers
-    assert worker["role"] == "EngineCore"  # the engine core built and ran the model itself
-    assert worker["shm_reader_spin_s"] is None  # one process holds the model: no shm queue
-    reserved = reserved_cores.ONE_PROCESS_RESERVED  # no engine-core process polls beside it
-    assert worker["omp_num_threads"] == str(usable_cores() - reserved)
-    assert worker["torch_threads"] == usable_cores() - reserved

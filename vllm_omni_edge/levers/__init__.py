@@ -14,14 +14,12 @@ inherit the front end's environment).
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
 | cpu_int4 rows16 prefill (calls of 32 rows or more): a bf16 GEMM (oneDNN) on blocks dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or the W4A8 tiles as decode (w4a8) | VLLM_OMNI_EDGE_INT4_PREFILL=auto/bf16/w4a8 | auto | quantization/kernels/avx2_w4a8.py (csrc: rows16_bf16_mm) |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
-| process layout: model in its own worker process, or in the engine core | VLLM_OMNI_EDGE_WORKER_IN_ENGINE=0/1 | 0 | patches/frontend/worker_in_engine_core.py |
 | process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
 | process layout of `LLM()`: engine and model in the calling process, or vLLM's (also chosen for tensor/pipeline/data parallel) | VLLM_ENABLE_V1_MULTIPROCESSING unset / 1 (vLLM's own variable) | in-process | patches/frontend/llm_in_process.py |
 | seconds a shm queue reader spins after a read before it blocks (vLLM: 1) | VLLM_OMNI_EDGE_SHM_SPIN_S=seconds | 0 | patches/worker/shm_reader_wait.py |
 | warm-up of a compiled model: 16 tokens, or vLLM's max_num_batched_tokens | VLLM_OMNI_EDGE_COMPILE_WARMUP=short/full | short | patches/worker/compile_warmup_tokens.py |
 | random sampling (temperature > 0) on CPU: eager draw, or vLLM's inductor-compiled one | VLLM_OMNI_EDGE_EAGER_SAMPLER=1/0 | 1 | patches/worker/cpu_random_sample.py |
 | vLLM-Omni's general plugin in `vllm-omni-edge serve`: left out for a model it does not register, or loaded | VLLM_PLUGINS unset / set by you | left out | cli/plugin_selection.py |
-| compiled model's wrapper: inductor's generated Python, or its C++ wrapper | VLLM_OMNI_EDGE_CPP_WRAPPER=0/1 | 0 | patches/frontend/inductor_cpp_wrapper.py |
 | CPU attention calls of a decoder layer: cache views kept, ops called directly; or vLLM's | VLLM_OMNI_EDGE_ATTENTION_CALLS=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | a decoder layer's KV write inside its attention call (one custom op, not two); or vLLM's separate update | VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1/0 | 1 | patches/worker/cpu_attention_calls.py |
 | gated SiLU MLP as one op when both linears run avx512_w4a8_rows16; or vLLM's three calls | VLLM_OMNI_EDGE_FUSED_MLP=1/0 | 1 | patches/worker/fused_silu_mlp.py |
@@ -45,13 +43,11 @@ EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
-WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
-CPP_WRAPPER_ENV = "VLLM_OMNI_EDGE_CPP_WRAPPER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
@@ -109,11 +105,6 @@ def lazy_tokenizer_pool() -> bool:
 
 def eager_sampler_enabled() -> bool:
     return _choice(EAGER_SAMPLER_ENV, ("1", "0"), "1") == "1"
-
-
-def cpp_wrapper_enabled() -> bool:
-    # Off by default: no decode gain measured (cpp-wrapper-default, cpp-wrapper-qwen).
-    return _choice(CPP_WRAPPER_ENV, ("0", "1"), "0") == "1"
 
 
 def attention_calls_enabled() -> bool:
@@ -175,10 +166,6 @@ def shm_spin_seconds() -> float:
     return seconds
 
 
-def worker_in_engine_enabled() -> bool:
-    return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"
-
-
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -196,23 +183,17 @@ def vllm_layout_requested() -> bool:
 
 def llm_in_process_default() -> bool:
     """``LLM()`` runs its engine and model in the calling process unless the user set vLLM's
-    multiprocessing variable or asked for the two-process layout (the configuration may still
-    need vLLM's layout: llm_in_process)."""
-    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == "" and not worker_in_engine_enabled()
+    multiprocessing variable (the configuration may still need vLLM's layout: llm_in_process)."""
+    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == ""
 
 
 def single_process_enabled() -> bool:
-    """The one-process server layout: on unless set to 0, or another layout was asked for
-    (the two-process layout, or vLLM's by ``VLLM_ENABLE_V1_MULTIPROCESSING=1``)."""
+    """The one-process server layout: on unless set to 0, or vLLM's layout was asked for
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=1``)."""
     raw = os.environ.get(SINGLE_PROCESS_ENV, "").strip()
     if raw == "":
-        return not (worker_in_engine_enabled() or vllm_layout_requested())
-    enabled = _choice(SINGLE_PROCESS_ENV, ("0", "1"), "1") == "1"
-    if enabled and worker_in_engine_enabled():
-        raise LeverFlagError(
-            f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1 ask for two different process "
-            "layouts (one process vs. two); set only one of them")
-    return enabled
+        return not vllm_layout_requested()
+    return _choice(SINGLE_PROCESS_ENV, ("0", "1"), "1") == "1"
 
 
 def single_process_asked() -> bool:

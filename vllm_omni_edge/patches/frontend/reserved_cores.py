@@ -69,14 +69,12 @@ def default_reserved_cores(cores: int) -> int | None:
 def engine_loop_beside_the_model() -> str | None:
     """The layout, when the model runs in the process of the engine loop (nothing polls on a
     core of its own beside it), else None (vLLM's three processes)."""
-    from vllm_omni_edge.levers import in_process_engine, single_process_enabled, worker_in_engine_enabled
+    from vllm_omni_edge.levers import in_process_engine, single_process_enabled
 
     if single_process_enabled():
         return "one process (the server's default; LLM() runs in-process by default too)"
     if in_process_engine():
         return "in-process engine"
-    if worker_in_engine_enabled():
-        return "worker in the engine core"
     return None
 
 
