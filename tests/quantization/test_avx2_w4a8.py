@@ -25,7 +25,6 @@ from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
     Avx512VnniRows16W4A8Kernel,
-    Avx512VnniW4A8Kernel,
     CpuFeatures,
     KernelUnavailableError,
     choose_kernel,
@@ -34,13 +33,12 @@ from vllm_omni_edge.quantization.kernels import (
 
 LOADED, WHY = native.load_w4a8_avx2()
 needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WHY}")
-VNNI_OK, VNNI_WHY = Avx512VnniW4A8Kernel.can_implement(
+VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)
-needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8 cannot run here: {VNNI_WHY}")
+needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
 # Every variant of the op, each where this CPU runs it.
 W4A8_KERNELS = [
     pytest.param(Avx2W4A8Kernel, id="avx2"),
-    pytest.param(Avx512VnniW4A8Kernel, id="vnni", marks=needs_vnni),
     pytest.param(Avx512VnniRows16W4A8Kernel, id="vnni-rows16", marks=needs_vnni),
 ]
 
@@ -216,12 +214,12 @@ def test_vnni_variant_names_the_flags_a_cpu_lacks(monkeypatch):
     import vllm_omni_edge.quantization.kernels.avx2_w4a8 as module
 
     monkeypatch.setattr(module, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
-                                                 float_zero=True)
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
+                                                       float_zero=True)
     assert not ok and "lacks avx512bw, avx512vl, avx512dq, avx512_vnni" in why
     # Everything else in its envelope is the AVX2 variant's.
     monkeypatch.setattr(module, "cpu_flags", lambda: frozenset(module.VNNI_FLAGS))
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16)
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16)
     assert not ok and "float offsets" in why
 
 

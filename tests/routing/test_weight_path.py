@@ -31,20 +31,20 @@ def spread(cpu_class, phase, path, median, low, high):
 
 
 def test_decode_ties_within_the_spread_go_by_prefill():
-    # avx512_w4a8 has the best decode median, but rows16's range overlaps it: a tie that
+    # avx2_w4a8 has the best decode median, but rows16's range overlaps it: a tie that
     # rows16's 2.7x faster prefill breaks. int4pack's best pass is slower than the
     # fastest's worst: not tied, it stays behind.
-    rows = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 9.4, 12.4),
+    rows = (spread("x86-amx", "decode", "avx2_w4a8", 11.1, 9.4, 12.4),
             spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 9.5, 12.8),
             spread("x86-amx", "decode", "int4pack", 16.0, 14.3, 16.0),
             spread("x86-amx", "prefill", "avx512_w4a8_rows16", 854.0, 673.0, 1143.0),
             spread("x86-amx", "prefill", "int4pack", 2195.0, 2074.0, 2444.0),
-            spread("x86-amx", "prefill", "avx512_w4a8", 2536.0, 2410.0, 3672.0))
-    assert decide("x86-amx", rows).decode_order == ("avx512_w4a8_rows16", "avx512_w4a8", "int4pack")
+            spread("x86-amx", "prefill", "avx2_w4a8", 2536.0, 2410.0, 3672.0))
+    assert decide("x86-amx", rows).decode_order == ("avx512_w4a8_rows16", "avx2_w4a8", "int4pack")
     # Without the overlap the decode median decides, whatever prefill says.
-    apart = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 10.9, 11.3),
+    apart = (spread("x86-amx", "decode", "avx2_w4a8", 11.1, 10.9, 11.3),
              spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 11.8, 12.8)) + rows[2:]
-    assert decide("x86-amx", apart).decode_order == ("avx512_w4a8", "avx512_w4a8_rows16", "int4pack")
+    assert decide("x86-amx", apart).decode_order == ("avx2_w4a8", "avx512_w4a8_rows16", "int4pack")
 
 
 def test_measured_rows_outrank_assumed_ones_and_unknown_classes_get_the_any_cpu_row():
@@ -137,3 +137,29 @@ def test_the_route_follows_the_features_class_not_only_this_machine():
     assert routing_class(CpuFeatures("AVX512", amx=True, vllm_w4a8_op=True)) == "x86-amx"
     assert routing_class(CpuFeatures("AVX2", amx=False, vllm_w4a8_op=False)) == "x86-avx2"
     assert routing_class(CpuFeatures("DEFAULT", amx=False, vllm_w4a8_op=False)) == "other"
+
+
+def test_the_table_ranks_only_paths_the_plugin_has():
+    from vllm_omni_edge.quantization.kernels import KERNELS
+
+    assert set(weight_path.PATHS) == set(KERNELS) | {weight_path.DENSE}
+    assert {r.path for r in weight_path.load_table()} <= set(weight_path.PATHS)
+
+
+def test_paths_an_artifact_timed_that_no_longer_exist_are_left_out(tmp_path):
+    path = tmp_path / "a.json"
+    times = {"median_ms": 1.0, "min_ms": 1.0, "max_ms": 1.0, "passes_ms": [1.0] * 3}
+    path.write_text(json.dumps({
+        "provenance": {"started": "2026-11-30T12:00"}, "model": "default", "cpu_class": "x86-avx2",
+        "result": {"threads": 1, "summary": {"decode": {"int4pack": times, "retired_kernel": times}}},
+    }))
+    assert [r["path"] for r in generate.rows_from_artifact(path)] == ["int4pack"]
+
+
+def test_shipped_table_is_what_the_generator_makes_from_its_artifacts():
+    from pathlib import Path
+
+    shipped = json.loads(weight_path.TABLE_PATH.read_text())
+    root = Path(generate.__file__).resolve().parents[2]
+    sources = sorted({r["source"].split(" (")[0] for r in shipped["rows"] if r["status"] == "measured"})
+    assert generate.build_table([root / s for s in sources]) == shipped

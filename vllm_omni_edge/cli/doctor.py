@@ -89,13 +89,12 @@ def kernel_checks() -> list[Check]:
                       "(until then cpu_int4 runs on int4pack)", warning=True)]
     import torch
 
-    from vllm_omni_edge.quantization.kernels import Avx512VnniW4A8Kernel, CpuFeatures
+    from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures
 
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
-                                                 float_zero=True)
-    vnni = ("runs here (avx512_w4a8_rows16 where the router ranks it; "
-            "VLLM_OMNI_EDGE_INT4_KERNEL=avx512_w4a8 forces the per-row variant)" if ok else f"not here: {why}")
-    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8", True, vnni)]
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
+                                                       float_zero=True)
+    vnni = "runs here (where the router ranks it)" if ok else f"not here: {why}"
+    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8_rows16", True, vnni)]
 
 
 # A typical layer for the route check: SmolLM2's fused q/k/v (K=576, N=960), group 32.

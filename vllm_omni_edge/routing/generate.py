@@ -4,7 +4,8 @@
 
 Each artifact (``vllm_omni_edge_bench/harness/kernel_bench.py``) gives, for one CPU class,
 every path's time per phase over interleaved passes. When several artifacts cover
-the same class and phase, the newest wins. Classes with no artifact get the
+the same class and phase, the newest wins. Paths an artifact timed that the plugin no
+longer has (not in ``weight_path.PATHS``) are left out: the router cannot offer them. Classes with no artifact get the
 "assumed" rows below, each saying where the assumption comes from.
 """
 
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from vllm_omni_edge.atomic import atomic_write_bytes
-from vllm_omni_edge.routing.weight_path import TABLE_PATH
+from vllm_omni_edge.routing.weight_path import PATHS, TABLE_PATH
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +51,8 @@ def rows_from_artifact(path: Path) -> list[dict]:
     rows = []
     for phase, by_path in record["result"]["summary"].items():
         for name, s in by_path.items():
+            if name not in PATHS:
+                continue
             rows.append({"cpu_class": record["cpu_class"], "phase": phase, "path": name, "status": "measured",
                          "median_ms": s["median_ms"], "min_ms": s["min_ms"], "max_ms": s["max_ms"],
                          "source": f"{where} ({record['model']}, {len(s['passes_ms'])} interleaved passes, "

@@ -71,28 +71,6 @@ class Avx2W4A8Kernel(Int4Kernel):
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-class Avx512VnniW4A8Kernel(Avx2W4A8Kernel):
-    """The same W4A8 product with ``vpdpbusd`` (``edge_cpu_int4::w4a8_vnni_mm``): two 32-blocks
-    per 512-bit register, scales applied 16 blocks per vector. Same integer dot products as
-    ``avx2_w4a8``, so the same numerics up to fp32 summation order."""
-
-    name = "avx512_w4a8"
-
-    @classmethod
-    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
-        missing = [f for f in VNNI_FLAGS if f not in cpu_flags()]
-        if missing:
-            return False, f"needs AVX-512 VNNI (this CPU lacks {', '.join(missing)})"
-        ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
-        if not ok:
-            return ok, why
-        return True, "W4A8 AVX-512 VNNI (int8 activations per 32, vpdpbusd)"
-
-    @staticmethod
-    def op():
-        return torch.ops.edge_cpu_int4.w4a8_vnni_mm
-
-
 # Weight rows per tile of the interleaved layout: one int32 lane of a 512-bit vpdpbusd each.
 TILE_ROWS = 16
 
@@ -155,7 +133,7 @@ def prefill_path_summary(rows: int) -> str:
             f"(scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)")
 
 
-class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
+class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
     """W4A8 with ``vpdpbusd`` on a 16-row interleaved layout (``edge_cpu_int4::w4a8_vnni_rows16_mm``).
 
     The stored triple is rearranged once at load (same bytes, one layout) so that each int32
@@ -170,6 +148,9 @@ class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
 
     @classmethod
     def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
+        missing = [f for f in VNNI_FLAGS if f not in cpu_flags()]
+        if missing:
+            return False, f"needs AVX-512 VNNI (this CPU lacks {', '.join(missing)})"
         ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
         if not ok:
             return ok, why

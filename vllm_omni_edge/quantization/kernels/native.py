@@ -114,7 +114,7 @@ def _register_fake() -> None:
     def output_shape(x, qweight, scales, offsets, group_size):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    for op in ("w4a8_mm", "w4a8_vnni_mm", "w4a8_vnni_rows16_mm"):
+    for op in ("w4a8_mm", "w4a8_vnni_rows16_mm"):
         torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(output_shape)
 
     def mlp_output_shape(x, gate_up_qweight, gate_up_scales, gate_up_offsets, gate_up_group_size,

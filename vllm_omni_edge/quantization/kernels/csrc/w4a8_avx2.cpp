@@ -13,10 +13,10 @@
 // high nibble = odd k): no repack, no second copy. The activations are written in the
 // matching order instead (per block, the 16 even k then the 16 odd k), once per call.
 //
-// Two ops share the activation quantization and the format: w4a8_mm (AVX2, maddubs) and
-// w4a8_vnni_mm (AVX-512 VNNI: vpdpbusd multiplies and sums u8 x s8 into int32 in one
-// instruction, two 32-blocks per 512-bit register). The VNNI functions carry their own
-// target attribute, so the library still loads, and w4a8_mm still runs, on AVX2-only CPUs.
+// The AVX-512 VNNI ops below (w4a8_vnni_rows16_mm and the fused MLP; vpdpbusd multiplies and
+// sums u8 x s8 into int32 in one instruction) use the same format on a 16-row interleaved
+// copy. They carry their own target attribute, so the library still loads, and w4a8_mm still
+// runs, on AVX2-only CPUs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -44,9 +44,6 @@ constexpr int64_t kWeightChunk = 16;
 // a forward reads it, it was 2x slower (kernel_bench, 2026-12-01).
 constexpr int64_t kPrefetchRows = 2;
 constexpr int64_t kCacheLine = 64;
-// VNNI decode: weight rows computed together against the one activation row (four were
-// slower on Qwen's down projection: four weight streams).
-constexpr int64_t kDecodeCols = 2;
 
 inline float bf16_to_float(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
@@ -174,168 +171,6 @@ inline void with_row_count(int64_t rows, F&& f) {
 
 #define EDGE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-EDGE_VNNI inline float horizontal_sum512(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-// Two consecutive 32-blocks of a weight row (32 packed bytes), in the activations' order:
-// [block b even k, block b odd k, block b+1 even k, block b+1 odd k], 16 bytes each.
-EDGE_VNNI inline __m512i unpack_block_pair(const uint8_t* p) {
-  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i even = _mm256_and_si256(packed, low4);                         // [b even, b+1 even]
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);  // [b odd, b+1 odd]
-  const __m512i lanes = _mm512_inserti64x4(_mm512_castsi256_si512(even), odd, 1);
-  return _mm512_shuffle_i64x2(lanes, lanes, _MM_SHUFFLE(3, 1, 2, 0));
-}
-
-// pair_lanes[j] picks lanes [2j x8, 2j+1 x8] of a 16-block scale vector: the scales of the
-// pair of blocks one vpdpbusd covered.
-EDGE_VNNI inline void make_pair_lanes(__m512i (&pair_lanes)[8]) {
-  for (int j = 0; j < 8; ++j) {
-    pair_lanes[j] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(2 * j), _mm512_set1_epi32(2 * j + 1));
-  }
-}
-
-// The weight scales of blocks b0 .. b0+n-1 (n <= 16, masked) of one row, as fp32 lanes.
-EDGE_VNNI inline __m512 block_scales16(const uint16_t* scale, int64_t b0, int64_t n, __mmask16 mask,
-                                       int64_t blocks_per_group) {
-  if (blocks_per_group == 1) {  // one bf16 scale per block: widen 16 of them at once
-    const __m256i bits = _mm256_maskz_loadu_epi16(mask, scale + b0);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  }
-  alignas(64) float by_block[16] = {};
-  for (int64_t i = 0; i < n; ++i) by_block[i] = bf16_to_float(scale[(b0 + i) / blocks_per_group]);
-  return _mm512_load_ps(by_block);
-}
-
-// One weight row against R activation rows, as dot_row, with vpdpbusd on two blocks at a
-// time: int32 lanes 0-7 hold block b's partial sums, lanes 8-15 block b+1's, so one fp32
-// FMA with [scale_b x8, scale_b+1 x8] accumulates both. An odd last block takes 256 bits.
-template <int R, typename T>
-EDGE_VNNI void dot_row_vnni(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
-                            int64_t K, int64_t group_size, const QuantizedActivations& a,
-                            int64_t row0, T* out, int64_t N) {
-  const int64_t blocks = K / kBlock;
-  const int64_t groups = K / group_size;
-  const int64_t blocks_per_group = group_size / kBlock;
-  const int8_t* q[R];
-  const float* qs[R];
-  const float* gs[R];
-  __m512 acc[R], acc_odd[R];
-  for (int r = 0; r < R; ++r) {
-    q[r] = a.q + (row0 + r) * K;
-    qs[r] = a.block_scale + (row0 + r) * blocks;
-    gs[r] = a.group_sum + (row0 + r) * groups;
-    acc[r] = _mm512_setzero_ps();
-    acc_odd[r] = _mm512_setzero_ps();
-  }
-  if (R == 1) prefetch_rows(w, scale, offset, K, groups, kPrefetchRows, 1);
-  // Offset term, 16 groups per FMA (a scalar chain of one FMA per group was a third of
-  // the row's time at K = 576); its lanes join the accumulator before the one reduction.
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-    const __mmask16 mask = groups - g0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g0)) - 1);
-    const __m256i bits = _mm256_maskz_loadu_epi16(mask, offset + g0);
-    const __m512 m = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(m, _mm512_maskz_loadu_ps(mask, gs[r] + g0), acc[r]);
-  }
-  // Blocks go 16 at a time: their 16 weight scales times the activation block scales make
-  // one vector, and each pair of blocks picks its two lanes with one permute (scalar scale
-  // work per pair, and a division per block before that, cost more than the dot).
-  const __m512i zero = _mm512_setzero_si512();
-  __m512i pair_lanes[8];
-  make_pair_lanes(pair_lanes);
-  float tail[R];
-  for (int r = 0; r < R; ++r) tail[r] = 0.f;
-  for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
-    const int64_t n = std::min<int64_t>(16, blocks - b0);
-    const __mmask16 mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    const __m512 wscale = block_scales16(scale, b0, n, mask, blocks_per_group);
-    __m512 dscale[R];
-    for (int r = 0; r < R; ++r) dscale[r] = _mm512_mul_ps(wscale, _mm512_maskz_loadu_ps(mask, qs[r] + b0));
-    const uint8_t* wb = w + b0 * (kBlock / 2);
-    for (int64_t j = 0; j < n / 2; ++j) {
-      const __m512i wq = unpack_block_pair(wb + j * kBlock);
-      for (int r = 0; r < R; ++r) {
-        const __m512i x = _mm512_loadu_si512(q[r] + (b0 + 2 * j) * kBlock);
-        const __m512i dot = _mm512_dpbusd_epi32(zero, wq, x);
-        // Two accumulators per row, alternating: one FMA chain was latency-bound.
-        __m512& into = (j & 1) ? acc_odd[r] : acc[r];
-        into = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pair_lanes[j], dscale[r]), into);
-      }
-    }
-    if (n % 2) {  // an odd block count: the last block alone, in 256 bits
-      const int64_t b = b0 + n - 1;
-      const __m256i wq = unpack_block(w + b * (kBlock / 2));
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[r] + b * kBlock));
-        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x);
-        tail[r] = qs[r][b] * bf16_to_float(scale[b / blocks_per_group]) *
-                  horizontal_sum(_mm256_cvtepi32_ps(dot));
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    out[r * N] = static_cast<T>(horizontal_sum512(_mm512_add_ps(acc[r], acc_odd[r])) + tail[r]);
-  }
-}
-
-// Decode (one activation row) against C consecutive weight rows: the rows share the
-// activation loads and scales and give C independent FMA chains.
-template <int C, typename T>
-EDGE_VNNI void dot_cols_vnni(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
-                             int64_t K, int64_t group_size, const QuantizedActivations& a, T* out) {
-  const int64_t blocks = K / kBlock;
-  const int64_t groups = K / group_size;
-  const int64_t blocks_per_group = group_size / kBlock;
-  const int64_t row_bytes = K / 2;
-  prefetch_rows(w, scale, offset, K, groups, kPrefetchRows * C, C);
-  __m512 acc[C];
-  float tail[C];
-  for (int c = 0; c < C; ++c) {
-    acc[c] = _mm512_setzero_ps();
-    tail[c] = 0.f;
-  }
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-    const __mmask16 mask = groups - g0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (groups - g0)) - 1);
-    const __m512 sums = _mm512_maskz_loadu_ps(mask, a.group_sum + g0);
-    for (int c = 0; c < C; ++c) {
-      const __m256i bits = _mm256_maskz_loadu_epi16(mask, offset + c * groups + g0);
-      const __m512 m = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-      acc[c] = _mm512_fmadd_ps(m, sums, acc[c]);
-    }
-  }
-  const __m512i zero = _mm512_setzero_si512();
-  __m512i pair_lanes[8];
-  make_pair_lanes(pair_lanes);
-  for (int64_t b0 = 0; b0 < blocks; b0 += 16) {
-    const int64_t n = std::min<int64_t>(16, blocks - b0);
-    const __mmask16 mask = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    const __m512 act_scale = _mm512_maskz_loadu_ps(mask, a.block_scale + b0);
-    __m512 dscale[C];
-    for (int c = 0; c < C; ++c) {
-      dscale[c] = _mm512_mul_ps(block_scales16(scale + c * groups, b0, n, mask, blocks_per_group), act_scale);
-    }
-    for (int64_t j = 0; j < n / 2; ++j) {
-      const __m512i x = _mm512_loadu_si512(a.q + (b0 + 2 * j) * kBlock);
-      for (int c = 0; c < C; ++c) {
-        const __m512i wq = unpack_block_pair(w + c * row_bytes + (b0 + 2 * j) * (kBlock / 2));
-        const __m512i dot = _mm512_dpbusd_epi32(zero, wq, x);
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(pair_lanes[j], dscale[c]), acc[c]);
-      }
-    }
-    if (n % 2) {
-      const int64_t b = b0 + n - 1;
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + b * kBlock));
-      for (int c = 0; c < C; ++c) {
-        const __m256i wq = unpack_block(w + c * row_bytes + b * (kBlock / 2));
-        const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wq, x);
-        tail[c] = a.block_scale[b] * bf16_to_float(scale[c * groups + b / blocks_per_group]) *
-                  horizontal_sum(_mm256_cvtepi32_ps(dot));
-      }
-    }
-  }
-  for (int c = 0; c < C; ++c) out[c] = static_cast<T>(horizontal_sum512(acc[c]) + tail[c]);
-}
-
 // quantize_row in k order with AVX-512: 32 values per block as two fp32 vectors.
 EDGE_VNNI inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
 EDGE_VNNI inline __m512 load16(const double* x) {
@@ -380,8 +215,8 @@ EDGE_VNNI void quantize_row_vnni(const T* x, int64_t K, int64_t group_size, int8
 // b of 32 k is 4 chunks of 64 bytes; byte 4j + i of chunk c holds row j's k = 8c + i (low
 // nibble) and k = 8c + 4 + i (high nibble). One vpdpbusd then multiplies 16 rows by 4 k with
 // the 4 activations broadcast: int32 lane j is row j, so a tile ends as 16 finished outputs
-// with no horizontal sum, and every weight byte is used by one instruction. The per-row
-// layouts above reduce each row across lanes and move scales between lanes per block pair.
+// with no horizontal sum, and every weight byte is used by one instruction (a per-row layout
+// would reduce each row across lanes and move scales between lanes per block pair).
 // Scales and offsets of a tile are [group][16 rows], so one widen gives the 16 rows' values.
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileBlockBytes = kTileRows * kBlock / 2;  // 256
@@ -711,12 +546,11 @@ at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales
   return kn;
 }
 
-// Which op: the stored layout with maddubs (AVX2) or vpdpbusd, or the 16-row interleaved one.
-enum class Variant { kAvx2, kVnni, kVnniRows16 };
+// Which op: the stored layout with maddubs (AVX2), or the 16-row interleaved one with vpdpbusd.
+enum class Variant { kAvx2, kVnniRows16 };
 
 at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                        const at::Tensor& offsets, int64_t group_size, Variant variant) {
-  const bool vnni = variant == Variant::kVnni;
   TORCH_CHECK(x.dim() == 2, "w4a8_mm: x must be 2-D [M, K], got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
   check_weight("w4a8_mm", qweight, scales, offsets, K, group_size, variant == Variant::kVnniRows16);
@@ -757,29 +591,10 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
         const int64_t n1 = std::min(end, n0 + kWeightChunk);
         for (int64_t m = 0; m < M; m += kRowTile) {
           for (int64_t n = n0; n < n1; ++n) {
-            const int64_t rows = std::min(kRowTile, M - m);
-            if (vnni && M == 1) {
-              // Decode: kDecodeCols weight rows per pass (n advances past them below).
-              const int64_t cols = std::min(kDecodeCols, n1 - n);
-              if (cols == kDecodeCols) {
-                dot_cols_vnni<kDecodeCols>(wp + n * (K / 2), sp + n * groups, op + n * groups, K,
-                                           group_size, a, outp + n);
-              } else {
-                dot_cols_vnni<1>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
-                                 a, outp + n);
-              }
-              n += cols - 1;
-            } else if (vnni) {
-              with_row_count(rows, [&](auto r) {
-                dot_row_vnni<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K,
-                                                 group_size, a, m, outp + m * N + n, N);
-              });
-            } else {
-              with_row_count(rows, [&](auto r) {
-                dot_row<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
-                                            a, m, outp + m * N + n, N);
-              });
-            }
+            with_row_count(std::min(kRowTile, M - m), [&](auto r) {
+              dot_row<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
+                                          a, m, outp + m * N + n, N);
+            });
           }
         }
       }
@@ -791,13 +606,6 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& qweight, const at:
 at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                    const at::Tensor& offsets, int64_t group_size) {
   return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kAvx2);
-}
-
-at::Tensor w4a8_vnni_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                        const at::Tensor& offsets, int64_t group_size) {
-  static const bool supported = cpu_has_vnni();
-  TORCH_CHECK(supported, "w4a8_vnni_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni); use w4a8_mm");
-  return w4a8_matmul(x, qweight, scales, offsets, group_size, Variant::kVnni);
 }
 
 // Weights, scales and offsets in the 16-row interleaved layout (see tile_rows16); the
@@ -912,7 +720,6 @@ at::Tensor interleave_rows16(const at::Tensor& qweight) {
 
 TORCH_LIBRARY(edge_cpu_int4, m) {
   m.def("w4a8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
-  m.def("w4a8_vnni_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
@@ -925,7 +732,6 @@ TORCH_LIBRARY(edge_cpu_int4, m) {
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_mm", &w4a8_mm);
-  m.impl("w4a8_vnni_mm", &w4a8_vnni_mm);
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
   m.impl("interleave_rows16", &interleave_rows16);
