@@ -132,7 +132,8 @@ def test_choose_kernel_follows_the_router_order(monkeypatch):
 
 
 def test_the_route_follows_the_features_class_not_only_this_machine():
-    from vllm_omni_edge.quantization.kernels import CpuFeatures, routing_class
+    from vllm_omni_edge.cpu_features import CpuFeatures
+    from vllm_omni_edge.routing.cpu_classes import routing_class
 
     assert routing_class(CpuFeatures("AVX512", amx=True, vllm_w4a8_op=True)) == "x86-amx"
     assert routing_class(CpuFeatures("AVX2", amx=False, vllm_w4a8_op=False)) == "x86-avx2"
@@ -163,3 +164,10 @@ def test_shipped_table_is_what_the_generator_makes_from_its_artifacts():
     root = Path(generate.__file__).resolve().parents[2]
     sources = sorted({r["source"].split(" (")[0] for r in shipped["rows"] if r["status"] == "measured"})
     assert generate.build_table([root / s for s in sources]) == shipped
+
+
+def test_every_cpu_class_has_a_row_measured_or_assumed():
+    from vllm_omni_edge.routing.cpu_classes import CPU_CLASSES
+
+    assert set(generate.ASSUMED) == set(CPU_CLASSES)
+    assert {r.cpu_class for r in weight_path.load_table()} == set(CPU_CLASSES)

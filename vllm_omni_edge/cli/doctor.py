@@ -17,7 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from vllm_omni_edge.cpu_features import cpu_class, cpu_model_name, usable_cores
+from vllm_omni_edge.cpu_features import cpu_model_name, usable_cores
+from vllm_omni_edge.routing.cpu_classes import cpu_class
 
 # Packages that must either import cleanly or be absent.
 OPTIONAL_TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")

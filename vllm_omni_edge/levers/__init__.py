@@ -12,7 +12,7 @@ inherit the front end's environment).
 | oneDNN prepack of the input embedding | VLLM_OMNI_EDGE_EMBED_PREPACK=0/1 | 0 | patches/worker/embedding_prepack.py |
 | cpu_int4 online quantization: per layer as loaded, or after the whole bf16 model | VLLM_OMNI_EDGE_INT4_LOAD=layerwise/whole | layerwise | quantization/linear.py |
 | cpu_int4 weight layouts: packed only, or packed + a dense copy for prefill | VLLM_OMNI_EDGE_INT4_LAYOUTS=one/two | one | quantization/kernels/base.py (any kernel) |
-| cpu_int4 rows16 prefill (calls of 32 rows or more): a bf16 GEMM (oneDNN) on blocks dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or the W4A8 tiles as decode (w4a8) | VLLM_OMNI_EDGE_INT4_PREFILL=auto/bf16/w4a8 | auto | quantization/kernels/avx2_w4a8.py (csrc: rows16_bf16_mm) |
+| cpu_int4 rows16 prefill (calls of 32 rows or more): a bf16 GEMM (oneDNN) on blocks dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or the W4A8 tiles as decode (w4a8) | VLLM_OMNI_EDGE_INT4_PREFILL=auto/bf16/w4a8 | auto | quantization/kernels/w4a8_avx512.py (csrc/w4a8_avx512.cpp: rows16_bf16_mm) |
 | heap freed while loading returned to the OS (glibc malloc_trim) | VLLM_OMNI_EDGE_HEAP_TRIM=1/0 | 1 | patches/worker/heap_trim.py |
 | process layout of the server: engine core and model on a thread of the API server (one process), or vLLM's three (also chosen when the configuration needs it) | VLLM_OMNI_EDGE_SINGLE_PROCESS=1/0 | 1 | patches/frontend/single_process.py |
 | process layout of `LLM()`: engine and model in the calling process, or vLLM's (also chosen for tensor/pipeline/data parallel) | VLLM_ENABLE_V1_MULTIPROCESSING unset / 1 (vLLM's own variable) | in-process | patches/frontend/llm_in_process.py |

@@ -52,7 +52,7 @@ KERNEL_LAYOUTS = {
     "avx2_w4a8": LAYOUT_STORED,
     "avx512_w4a8_rows16": LAYOUT_ROWS16,
 }
-TILE_ROWS = 16  # rows per tile of the rows16 layout (kernels/avx2_w4a8.py)
+TILE_ROWS = 16  # rows per tile of the rows16 layout (kernels/w4a8_avx512.py)
 TRIPLE = ("qweight", "scales", "zeros")
 
 

@@ -62,7 +62,7 @@ def _fusable(mlp, act_cls, kernel_cls) -> bool:
 def _classes():
     from vllm.model_executor.layers.activation import SiluAndMul
 
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import Avx512VnniRows16W4A8Kernel
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
 
     return SiluAndMul, Avx512VnniRows16W4A8Kernel
 
@@ -73,7 +73,7 @@ def fusable(mlp) -> bool:
 
 
 def _make_forward(original):
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import silu_mlp
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import silu_mlp
 
     act_cls, kernel_cls = _classes()
 

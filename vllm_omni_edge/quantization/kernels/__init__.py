@@ -1,7 +1,7 @@
 """The cpu_int4 kernels and the one place that picks between them.
 
 Order of preference, when more than one can run a layer: the router's
-(``vllm_omni_edge/routing``), i.e. the decode ranking measured for this CPU class
+(``vllm_omni_edge/routing``, which owns the CPU classes), i.e. the decode ranking measured for this CPU class
 and shipped as a generated table; kernels the table does not rank follow in the
 static order below, the last resort being the slowest:
 1. ``amx_w4a8``: AMX Xeons, bf16 activations, integer zero points.
@@ -24,13 +24,11 @@ import os
 
 import torch
 
-from vllm_omni_edge.quantization.kernels.amx_w4a8 import AmxW4A8Kernel
-from vllm_omni_edge.quantization.kernels.avx2_w4a8 import (
-    Avx2W4A8Kernel,
-    Avx512VnniRows16W4A8Kernel,
-)
+from vllm_omni_edge.quantization.kernels.w4a8_amx import AmxW4A8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
 from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel
-from vllm_omni_edge.routing.weight_path import decision_for, routing_class  # noqa: F401  (asked by kernels)
+from vllm_omni_edge.routing.weight_path import route_summary, routed_order
 from vllm_omni_edge.quantization.kernels.dequant import DequantFallbackKernel
 from vllm_omni_edge.quantization.kernels.int4pack import Int4PackCpuKernel
 
@@ -93,13 +91,3 @@ def choose_kernel(
         passed_over.append(f"{kernel.name}: {reason}")
     raise KernelUnavailableError(f"no cpu_int4 kernel can run {what}: {'; '.join(passed_over)}")
 
-
-def routed_order(features: CpuFeatures) -> tuple[str, ...]:
-    """Kernel names, fastest first for decode on this CPU class (routing table)."""
-    return decision_for(routing_class(features)).decode_order
-
-
-def route_summary(features: CpuFeatures) -> str:
-    d = decision_for(routing_class(features))
-    note = f"; {d.prefill_note}" if d.prefill_note else ""
-    return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"
