@@ -17,6 +17,8 @@ from vllm_omni_edge.patches.catalogue import render_markdown
 from vllm_omni_edge.patches.frontend import reserved_cores
 
 REPO = Path(__file__).resolve().parents[1]
+UPSTREAM_URLS = tuple(f"https://github.com/vllm-project/{repo}/{kind}/" for repo in ("vllm", "vllm-omni")
+                      for kind in ("issues", "pull"))
 
 
 @pytest.mark.parametrize("module_name", ALL_PATCHES)
@@ -24,8 +26,11 @@ def test_every_patch_declares_its_record(module_name):
     module = importlib.import_module(module_name)
     rec = module.RECORD
     assert isinstance(rec, base.PatchRecord) and callable(module.apply)
-    for field in ("name", "target", "why", "verified_by", "remove_when"):
+    for field in ("name", "target", "why", "verified_by", "remove_when", "upstream"):
         assert getattr(rec, field).strip(), f"{module_name}: empty {field}"
+    assert isinstance(rec.kind, base.Kind), f"{module_name}: kind {rec.kind!r} is not fix, lever or omni"
+    assert rec.upstream == base.NO_UPSTREAM or rec.upstream.startswith(UPSTREAM_URLS), (
+        f"{module_name}: upstream {rec.upstream!r} is neither an issue/PR URL nor {base.NO_UPSTREAM!r}")
     assert rec.vllm_versions and all(v.count(".") == 2 for v in rec.vllm_versions)
     doc = module.__doc__ or ""
     for heading in ("Why", "Verified by", "Remove when"):
@@ -35,6 +40,18 @@ def test_every_patch_declares_its_record(module_name):
 def test_patch_names_are_unique():
     names = [importlib.import_module(m).RECORD.name for m in ALL_PATCHES]
     assert len(names) == len(set(names))
+
+
+def test_omni_patches_target_vllm_omni_and_the_catalogue_groups_by_kind():
+    records = [importlib.import_module(m).RECORD for m in ALL_PATCHES]
+    for rec in records:
+        assert (rec.kind is base.Kind.OMNI) == rec.target.startswith("vllm_omni."), rec.name
+    doc = render_markdown()
+    headings = [doc.index(f"## {title}") for title in ("Fixes", "Levers", "vLLM-Omni support")]
+    assert headings == sorted(headings)
+    for rec in records:  # each patch's row sits under its kind's heading
+        kind_at = max(h for h in headings if h < doc.index(f"| {rec.name} |"))
+        assert kind_at == headings[list(base.Kind).index(rec.kind)], rec.name
 
 
 def test_catalogue_document_is_current():

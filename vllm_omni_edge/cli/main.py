@@ -76,7 +76,7 @@ def _cmd_patches(args) -> int:
         sys.stdout.write(render_markdown())
     else:
         for rec in records():
-            print(f"{rec.name:24} {rec.process.value:9} {rec.target}")
+            print(f"{rec.name:24} {rec.kind.value:6} {rec.process.value:9} {rec.target}")
     return 0
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 
 from vllm_omni_edge.cpu_features import usable_cores
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
@@ -50,6 +50,7 @@ MEASUREMENT_ONE_PROCESS = (
 
 RECORD = PatchRecord(
     name="reserved_cores",
+    kind=Kind.LEVER,
     target=f"env {ENV} (read by vllm/utils/ompmultiprocessing.py)",
     process=Process.FRONTEND,
     why="The reservation decides how many cores the model runs on; on small boxes it is "
@@ -58,6 +59,7 @@ RECORD = PatchRecord(
     verified_by="harness grid reserved-cores.yaml; tests/test_patches.py checks the "
     "worker's binding and that a user setting wins.",
     remove_when="vLLM chooses its reservation from the core count itself.",
+    upstream="none found",
 )
 
 

@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import json
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.compilation.caching"
 
 RECORD = PatchRecord(
     name="compile_cache_key",
+    kind=Kind.FIX,
     target=f"{TARGET_MODULE}.aot_compile_hash_factors",
     process=Process.WORKER,
     why="vLLM's compile cache key ignores our kernel choice and flags: an artifact compiled on "
     "one cpu_int4 kernel was loaded for another and the first forward raised KeyError.",
     verified_by="tests/test_compile_cache_key.py; results/2026-12-01-w4a8-vnni-qwen/grid.yaml (aot_loaded per kernel).",
     remove_when="vLLM lets a quantization method extend the compile cache key.",
+    upstream="none found",
 )
 
 # The factor this process added last (None: no compiled model was keyed here); evidence.

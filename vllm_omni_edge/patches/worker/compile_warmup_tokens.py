@@ -24,7 +24,7 @@ Remove when: vLLM's CPU warm-up runs a small dummy batch for dynamic-shape compi
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_model_runner"
@@ -32,12 +32,14 @@ WARMUP_TOKENS = 16
 
 RECORD = PatchRecord(
     name="compile_warmup_tokens",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.CPUModelRunner.warming_up_model",
     process=Process.WORKER,
     why="The compiled graph is dynamic in the token count, yet vLLM's CPU warm-up runs a "
     "4,096-token dummy forward: 93-108 s of each compiled Qwen-1.5B start on a 4-bit kernel.",
     verified_by="tests/test_compile_warmup_tokens.py; results/2026-12-01-compile-warmup-qwen/grid.yaml.",
     remove_when="vLLM's CPU warm-up uses a small dummy batch for dynamic-shape compiles.",
+    upstream="none found",
 )
 
 # Tokens of the last warm-up in this process (None: none ran); read by vllm_omni_edge.evidence.

@@ -35,13 +35,14 @@ without the keyword wrappers (or the attention moves into the compiled graph).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.attention.backends.cpu_attn"
 
 RECORD = PatchRecord(
     name="cpu_attention_calls",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.CPUAttentionBackendImpl.do_kv_cache_update / .forward, "
     "CPUAttentionBackend.forward_includes_kv_cache_update",
     process=Process.WORKER,
@@ -50,6 +51,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_cpu_attention_calls.py (same writes and outputs as vLLM's code); "
     "results/2026-12-01-cpp-wrapper-default/grid.yaml, results/2026-12-01-attention-calls-default/grid.yaml.",
     remove_when="vLLM's CPU attention backend caches its cache views and calls its ops directly.",
+    upstream="none found",
 )
 
 # On the layer: (the KV tensor the views were made from, key view, value view).

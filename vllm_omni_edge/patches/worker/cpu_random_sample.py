@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 
 RECORD = PatchRecord(
     name="cpu_random_sample",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.compiled_random_sample",
     process=Process.WORKER,
     why="vLLM inductor-compiles its CPU random sampler on the first sampled request: 4.5 s "
@@ -39,6 +40,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_cpu_random_sample.py; the cold_start 'first sampled request' "
     "figure of results/2026-12-01-start-up-default/grid.yaml.",
     remove_when="vLLM's CPU sampler no longer compiles on the first request.",
+    upstream="none found",
 )
 
 
