@@ -284,3 +284,15 @@ def test_a_failed_build_is_a_named_error_and_leaves_nothing(tmp_path, monkeypatc
     with pytest.raises(native.KernelBuildError, match="w4a8_avx2.cpp, w4a8_avx512.cpp failed: g\\+\\+: command not found"):
         native.build_library()
     assert list(tmp_path.iterdir()) == []  # no library, no temporary build directory
+
+
+def test_the_wheel_ships_every_file_the_build_compiles():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(native.__file__).resolve().parents[3]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vllm_omni_edge"]
+    for path in native.SOURCES + native.HEADERS:
+        relative = path.resolve().relative_to(root / "vllm_omni_edge").as_posix()
+        assert any(fnmatch.fnmatch(relative, g) for g in globs), f"{relative} is not in the package data"
