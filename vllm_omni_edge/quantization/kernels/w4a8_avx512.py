@@ -59,8 +59,7 @@ def prefill_min_rows(features: CpuFeatures) -> int:
     ``auto`` takes it only where the CPU has AMX: without AMX oneDNN's bf16 matmul
     (avx512_core_bf16 or below) is no faster than the W4A8 tiles, so they keep prefill.
     """
-    # Without AMX (EPYC Zen 4, avx512_core_bf16), one core, 512 rows, Qwen2.5-1.5B's four
-    # linears of a layer: W4A8 tiles 190 ms, this path 236 ms, a dense bf16 torch.mm 228 ms.
+    # The measurement behind "no faster without AMX": docs/edge/cpu-4bit.md (bf16 prefill).
     mode = int4_prefill_mode()
     if mode == "w4a8" or (mode == "auto" and not features.amx):
         return 0

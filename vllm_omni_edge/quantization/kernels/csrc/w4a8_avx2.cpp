@@ -31,8 +31,8 @@ using namespace edge_cpu_int4;
 // Weight rows per chunk: 16 rows of K = 8960 are 70 KiB, inside a 512 KiB L2.
 constexpr int64_t kWeightChunk = 16;
 // Decode streams each weight row from memory once: row n + kPrefetchRows is requested
-// while row n computes. Timed hot in L2 the op looked faster than tinygemm; streamed, as
-// a forward reads it, it was 2x slower (kernel_bench).
+// while row n computes: timed hot in L2 the op looked faster than tinygemm, streamed as a
+// forward reads it, it was much slower without this (docs/edge/cpu-4bit.md).
 constexpr int64_t kPrefetchRows = 2;
 constexpr int64_t kCacheLine = 64;
 
@@ -96,8 +96,8 @@ inline void prefetch_rows(const uint8_t* w, const uint16_t* scale, const uint16_
 // activations' dtype (rounded once, as a float result's .to() would).
 // Prefill takes R = 4: each unpacked weight block serves four activation rows. Decode
 // (R = 1) streams one weight row at a time: tiles of 2 or 4 weight rows (independent
-// FMA chains) measured 1.5x slower here (kernel_bench, Qwen decode shapes, 1 thread),
-// the extra weight streams costing more than the FMA latency they hide.
+// FMA chains) measured slower (docs/edge/cpu-4bit.md), the extra weight streams costing
+// more than the FMA latency they hide.
 template <int R, typename T>
 void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
              int64_t group_size, const QuantizedActivations& a, int64_t row0, T* out,

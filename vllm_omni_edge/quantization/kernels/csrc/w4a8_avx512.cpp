@@ -316,9 +316,8 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
 // out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight. The threads split N (whole
 // tiles) in one parallel region; each walks its share block by block: dequantize the block into
 // its own scratch (in its core's L2), then at::mm writes the block's columns of out (oneDNN runs
-// single-threaded inside the region). One fork/join per call: with two per block (dequantize
-// on all threads, then a threaded at::mm) this path took 3.9x the W4A8 tiles' wall time at 512
-// rows on a busy 2-core box, 1.2x this way (its CPU time is 1.25-1.3x there: no AMX). Each
+// single-threaded inside the region). One fork/join per call: two per block (dequantize on all
+// threads, then a threaded at::mm) measured far slower (docs/edge/cpu-4bit.md). Each
 // thread keeps its scratch between calls (grown, never shrunk): at most g_prefill_block_bytes,
 // rounded up to one tile of 16 rows.
 void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
@@ -448,8 +447,8 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
 // holds row j's k = 32b + 8c + i (low nibble) and k = 32b + 8c + 4 + i (high nibble).
 // So stored word w = 4b + c of row j (k = 32b + 8c .. + 7, nibbles in k order) becomes word
 // j of chunk c of block b with its nibbles perfect-shuffled: [k0 k4 k1 k5 k2 k6 k3 k7].
-// Done once per linear at load; as torch ops (unpack, a 6-D permute, repack) it took
-// 7 s of a Qwen2.5-1.5B start on one core.
+// Done once per linear at load, in C++: as torch ops (unpack, a 6-D permute, repack) it was
+// a sizeable part of a start (docs/edge/cpu-4bit.md).
 inline uint32_t shuffle_nibbles(uint32_t x) {
   uint32_t t = (x ^ (x >> 8)) & 0x0000FF00u;  // [a0 a1 a2 a3 b0 b1 b2 b3] -> [a0 a1 b0 b1 a2 a3 b2 b3]
   x ^= t ^ (t << 8);
