@@ -42,7 +42,7 @@ def test_vllms_factors_come_first_and_ours_is_appended(monkeypatch):
 
 def test_another_kernel_or_graph_lever_is_another_key(monkeypatch):
     tinygemm = keyed(monkeypatch, {"linear:int4pack": 120})
-    assert keyed(monkeypatch, {"linear:avx512_w4a8": 120}) != tinygemm
+    assert keyed(monkeypatch, {"linear:avx512_w4a8_rows16": 120}) != tinygemm
     # The attention flags decide whether the graph holds vLLM's separate KV update op.
     for flag, value in [("VLLM_OMNI_EDGE_INT4_LAYOUTS", "two"), ("VLLM_OMNI_EDGE_ROPE_CAP", "0"),
                         ("VLLM_OMNI_EDGE_EMBED_PREPACK", "1"), ("VLLM_OMNI_EDGE_FUSED_MLP", "0"),

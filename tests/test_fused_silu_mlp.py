@@ -15,7 +15,7 @@ import torch
 from tests.quantization.helpers import int4_layer, relative_error
 from vllm_omni_edge.patches.worker import fused_silu_mlp as patch
 from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures, Int4PackCpuKernel, native
-from vllm_omni_edge.quantization.kernels.avx2_w4a8 import silu_mlp
+from vllm_omni_edge.quantization.kernels.w4a8_avx512 import silu_mlp
 
 VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_omni_edge.levers import VLLM_MULTIPROCESSING_ENV, WORKER_IN_ENGINE_ENV
+from vllm_omni_edge.levers import VLLM_MULTIPROCESSING_ENV
 from vllm_omni_edge.patches.frontend import llm_in_process
 
 LLM_CLASS = SimpleNamespace(name="LLM_CLASS")
@@ -22,8 +22,7 @@ def args(**kw):
 @pytest.fixture
 def build(monkeypatch):
     """The wrapper around a stand-in from_engine_args that records the variable it saw."""
-    for name in (VLLM_MULTIPROCESSING_ENV, WORKER_IN_ENGINE_ENV):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(VLLM_MULTIPROCESSING_ENV, raising=False)
     from vllm_omni_edge.levers import startup_gc
     from vllm_omni_edge.patches.frontend import engine_start_gc, reserved_cores
 
@@ -61,10 +60,6 @@ def test_the_users_variable_and_other_callers_are_left_alone(build, monkeypatch)
     monkeypatch.setenv(VLLM_MULTIPROCESSING_ENV, "1")
     _, seen, held, _ = build(args(), LLM_CLASS)
     assert seen[-1] == "1" and held == []
-    monkeypatch.delenv(VLLM_MULTIPROCESSING_ENV)
-    monkeypatch.setenv(WORKER_IN_ENGINE_ENV, "1")  # the opt-in two-process layout
-    _, seen, _, _ = build(args(), LLM_CLASS)
-    assert seen[-1] is None
 
 
 def test_patch_is_applied_once(monkeypatch):

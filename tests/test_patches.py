@@ -17,6 +17,8 @@ from vllm_omni_edge.patches.catalogue import render_markdown
 from vllm_omni_edge.patches.frontend import reserved_cores
 
 REPO = Path(__file__).resolve().parents[1]
+UPSTREAM_URLS = tuple(f"https://github.com/vllm-project/{repo}/{kind}/" for repo in ("vllm", "vllm-omni")
+                      for kind in ("issues", "pull"))
 
 
 @pytest.mark.parametrize("module_name", ALL_PATCHES)
@@ -24,8 +26,11 @@ def test_every_patch_declares_its_record(module_name):
     module = importlib.import_module(module_name)
     rec = module.RECORD
     assert isinstance(rec, base.PatchRecord) and callable(module.apply)
-    for field in ("name", "target", "why", "verified_by", "remove_when"):
+    for field in ("name", "target", "why", "verified_by", "remove_when", "upstream"):
         assert getattr(rec, field).strip(), f"{module_name}: empty {field}"
+    assert isinstance(rec.kind, base.Kind), f"{module_name}: kind {rec.kind!r} is not fix, lever or omni"
+    assert rec.upstream == base.NO_UPSTREAM or rec.upstream.startswith(UPSTREAM_URLS), (
+        f"{module_name}: upstream {rec.upstream!r} is neither an issue/PR URL nor {base.NO_UPSTREAM!r}")
     assert rec.vllm_versions and all(v.count(".") == 2 for v in rec.vllm_versions)
     doc = module.__doc__ or ""
     for heading in ("Why", "Verified by", "Remove when"):
@@ -35,6 +40,18 @@ def test_every_patch_declares_its_record(module_name):
 def test_patch_names_are_unique():
     names = [importlib.import_module(m).RECORD.name for m in ALL_PATCHES]
     assert len(names) == len(set(names))
+
+
+def test_omni_patches_target_vllm_omni_and_the_catalogue_groups_by_kind():
+    records = [importlib.import_module(m).RECORD for m in ALL_PATCHES]
+    for rec in records:
+        assert (rec.kind is base.Kind.OMNI) == rec.target.startswith("vllm_omni."), rec.name
+    doc = render_markdown()
+    headings = [doc.index(f"## {title}") for title in ("Fixes", "Levers", "vLLM-Omni support")]
+    assert headings == sorted(headings)
+    for rec in records:  # each patch's row sits under its kind's heading
+        kind_at = max(h for h in headings if h < doc.index(f"| {rec.name} |"))
+        assert kind_at == headings[list(base.Kind).index(rec.kind)], rec.name
 
 
 def test_catalogue_document_is_current():
@@ -89,7 +106,7 @@ def test_reserved_cores_user_setting_wins(monkeypatch):
     assert reserved_cores.default_reserved_cores(2) == 1  # measured, see the module
 
 
-LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS", "VLLM_OMNI_EDGE_WORKER_IN_ENGINE")
+LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS")
 
 
 @pytest.mark.parametrize("layout_env,value,reserved", [
@@ -98,7 +115,6 @@ LAYOUT_ENVS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_OMNI_EDGE_SINGLE_PROCESS"
     ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "0", "1"),  # serve --multi-process
     ("VLLM_ENABLE_V1_MULTIPROCESSING", "0", "0"),  # LLM() with vLLM's in-process flag
     ("VLLM_OMNI_EDGE_SINGLE_PROCESS", "1", "0"),  # serve --single-process
-    ("VLLM_OMNI_EDGE_WORKER_IN_ENGINE", "1", "0"),
 ])
 def test_reserved_cores_by_layout_on_two_cores(monkeypatch, layout_env, value, reserved):
     for env in (reserved_cores.ENV, reserved_cores._CHOSEN_HERE, *LAYOUT_ENVS):
@@ -194,7 +210,7 @@ def test_patches_are_in_force_in_every_vllm_process(default_model, tmp_path, mon
     assert worker["shm_reader_spin_s"] == 0.0
     engine_core = next(p for p in run.processes if p["role"] == "EngineCore")
     assert engine_core["shm_reader_busy_loop_s"] == [0.0]
-    assert worker["rms_norm_impl"] == "native"  # the fused kernel is opt-in
+    assert worker["rms_norm_impl"] == "native"  # vLLM's own RMSNorm implementation
     if usable_cores() in reserved_cores.MEASURED_DEFAULTS:
         reserved = reserved_cores.MEASURED_DEFAULTS[usable_cores()]
         assert worker["torch_threads"] == usable_cores() - reserved
@@ -225,20 +241,3 @@ def test_engine_core_thread_binding_leaves_the_reserved_cores():
     with pytest.raises(ValueError, match="leaves none of the 2 usable cores"):
         engine_thread_binding([0, 1], 2)
 
-
-@pytest.mark.e2e
-def test_worker_in_engine_core_runs_the_model_in_two_processes(default_model, tmp_path, monkeypatch):
-    from tests.e2e.probe import run_probe
-
-    monkeypatch.delenv(reserved_cores.ENV, raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    run = run_probe(default_model, tmp_path / "evidence", VLLM_OMNI_EDGE_WORKER_IN_ENGINE="1")
-    assert run.returncode == 0, run.log
-    assert "Paris" in run.text
-    assert sorted(p["role"] for p in run.processes) == ["EngineCore", "frontend"]
-    [worker] = run.workers
-    assert worker["role"] == "EngineCore"  # the engine core built and ran the model itself
-    assert worker["shm_reader_spin_s"] is None  # one process holds the model: no shm queue
-    reserved = reserved_cores.ONE_PROCESS_RESERVED  # no engine-core process polls beside it
-    assert worker["omp_num_threads"] == str(usable_cores() - reserved)
-    assert worker["torch_threads"] == usable_cores() - reserved

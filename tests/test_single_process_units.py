@@ -9,7 +9,6 @@ import pytest
 from vllm_omni_edge.cli import serve
 from vllm_omni_edge.levers import (
     SINGLE_PROCESS_ENV,
-    WORKER_IN_ENGINE_ENV,
     LeverFlagError,
     single_process_enabled,
 )
@@ -19,7 +18,7 @@ from vllm_omni_edge.patches.frontend import single_process
 
 @pytest.fixture(autouse=True)
 def clean_layout_env(monkeypatch):
-    for name in (SINGLE_PROCESS_ENV, WORKER_IN_ENGINE_ENV, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
+    for name in (SINGLE_PROCESS_ENV, "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
                  cores.RESERVED_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(name, raising=False)
 
@@ -35,19 +34,9 @@ def test_one_process_is_the_default_and_garbage_is_refused(monkeypatch):
         single_process_enabled()
 
 
-@pytest.mark.parametrize("other_layout", [(WORKER_IN_ENGINE_ENV, "1"), ("VLLM_ENABLE_V1_MULTIPROCESSING", "1")])
-def test_another_layout_asked_for_turns_the_default_off(monkeypatch, other_layout):
-    monkeypatch.setenv(*other_layout)
+def test_vllms_layout_asked_for_turns_the_default_off(monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     assert single_process_enabled() is False
-
-
-def test_one_process_and_two_processes_together_are_refused(monkeypatch):
-    monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
-    monkeypatch.setenv(WORKER_IN_ENGINE_ENV, "1")
-    with pytest.raises(LeverFlagError, match=f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1"):
-        single_process_enabled()
-    with pytest.raises(serve.ServeSetupError, match="two different process layouts"):
-        serve._select_process_layout(single_process=None)
 
 
 def test_serve_flags_are_ours_not_vllms(monkeypatch):

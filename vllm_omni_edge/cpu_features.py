@@ -39,20 +39,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_class() -> str:
-    """The coarse class routing tables are keyed on."""
-    flags = cpu_flags()
-    if "amx_tile" in flags and "amx_int8" in flags:
-        return "x86-amx"
-    if "avx512_vnni" in flags or "avx512_bf16" in flags:
-        return "x86-avx512-vnni"
-    if "avx512f" in flags:
-        return "x86-avx512"
-    if "avx2" in flags:
-        return "x86-avx2"
-    return "other"
-
-
 @dataclass(frozen=True)
 class CpuFeatures:
     capability: str  # PyTorch's kernel dispatch level: "AVX2", "AVX512", "DEFAULT", ...

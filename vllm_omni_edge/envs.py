@@ -209,12 +209,12 @@ FLAGS: tuple[Flag, ...] = (
            "dense copy for prefill (two)", LEVER, ("quantization/kernels/base.py",), ("one", "two"), "one"),
     Choice("VLLM_OMNI_EDGE_INT4_PREFILL", "rows16 calls of 32 rows or more: a bf16 GEMM on blocks "
            "dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or "
-           "the W4A8 tiles as decode (w4a8)", LEVER, ("quantization/kernels/avx2_w4a8.py",),
+           "the W4A8 tiles as decode (w4a8)", LEVER, ("quantization/kernels/w4a8_avx512.py",),
            ("auto", "bf16", "w4a8"), "auto"),
     Choice("VLLM_OMNI_EDGE_INT4_KERNEL", "forces one cpu_int4 kernel for every layer (a layer it "
            "cannot run is an error); unset: the router picks per CPU class", SETTING,
            ("quantization/kernels/__init__.py",),
-           ("int4pack", "amx_w4a8", "avx2_w4a8", "avx512_w4a8", "avx512_w4a8_rows16", "dequant")),
+           ("int4pack", "amx_w4a8", "avx2_w4a8", "avx512_w4a8_rows16", "dequant")),
     Switch("VLLM_OMNI_EDGE_FUSED_MLP", "gated SiLU MLP as one op when both linears run "
            "avx512_w4a8_rows16 (1); or vLLM's three calls (0)", LEVER, ("patches/worker/fused_silu_mlp.py",)),
     Choice("VLLM_OMNI_EDGE_WEIGHTS_CHECK", "a cpu_int4 checkpoint's SHA-256 check once per file "

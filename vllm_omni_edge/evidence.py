@@ -191,10 +191,6 @@ def collect_worker_evidence(worker) -> dict:
         "isa_probes": _isa_probes(),
         # Inductor's precompiled-header path from the memo, or preprocessed (precompiled_header_memo).
         "precompiled_headers": _precompiled_headers(),
-        # Which wrapper runs the compiled graph (patches/frontend/inductor_cpp_wrapper.py).
-        "inductor_cpp_wrapper": (int(compilation.mode) != 0
-                                 and bool(compilation.inductor_compile_config.get("cpp_wrapper"))),
-        "layer_names_are_strings": _layer_names_are_strings(),
         "attention_calls_trimmed": _attention_calls_trimmed(),
         # KV write inside the attention call: one custom op per layer, not two.
         "attention_one_call": _attention_one_call(),
@@ -237,12 +233,6 @@ def _fused_silu_mlps(model) -> int:
     from vllm_omni_edge.patches.worker.fused_silu_mlp import fused_mlp_count
 
     return fused_mlp_count(model)
-
-
-def _layer_names_are_strings() -> bool:
-    from vllm_omni_edge.patches.frontend.inductor_cpp_wrapper import layer_names_are_strings
-
-    return layer_names_are_strings()
 
 
 # How long each shm queue reader made in this process spins before it blocks (shm_reader_wait).

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_omni_edge.cpu_features import cpu_class, cpu_flags, cpu_model_name
+from vllm_omni_edge.cpu_features import cpu_flags, cpu_model_name
+from vllm_omni_edge.routing.cpu_classes import cpu_class
 
 pytestmark = [
     pytest.mark.e2e,

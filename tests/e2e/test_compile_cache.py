@@ -27,7 +27,6 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
         [worker] = run.workers
         assert worker["compiled"], worker["compilation_mode"]
         assert worker["compile_warmup_tokens"] == 16  # compile_warmup_tokens, on by default
-        assert not worker["inductor_cpp_wrapper"]  # the C++ wrapper is opt-in
         counts = {k: worker["compile_cache"][k] for k in ("aot_compiled", "aot_loaded")}
         runs.append((run, counts, worker["isa_probes"], worker["precompiled_headers"]))
     ((first, first_cache, first_probes, first_pch),

@@ -291,7 +291,6 @@ def test_cli_rejects_nonsense_settings(capsys):
 
 def test_layouts_set_the_documented_variables():
     assert decode_profile.LAYOUTS["three"] == {}
-    assert decode_profile.LAYOUTS["two"] == {"VLLM_OMNI_EDGE_WORKER_IN_ENGINE": "1"}
     assert decode_profile.LAYOUTS["inproc"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert isinstance(decode_profile.build_parser(), argparse.ArgumentParser)
 

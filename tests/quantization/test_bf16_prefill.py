@@ -16,15 +16,15 @@ import torch.nn.functional as F
 from tests.quantization.helpers import int4_layer, relative_error
 from vllm_omni_edge.quantization import evidence, int4
 from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures, native
-from vllm_omni_edge.quantization.kernels import avx2_w4a8
-from vllm_omni_edge.quantization.kernels.avx2_w4a8 import interleave_rows16, silu_mlp
+from vllm_omni_edge.quantization.kernels import w4a8_avx512
+from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16, silu_mlp
 
-LOADED, WHY = native.load_w4a8_avx2()
+LOADED, WHY = native.load_library()
 VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True) if LOADED else (False, WHY)
 pytestmark = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
 
-ROWS = avx2_w4a8.PREFILL_MIN_ROWS
+ROWS = w4a8_avx512.PREFILL_MIN_ROWS
 # bf16 output rounding (2^-9 relative per element, about 0.2 % over a vector) is all the bf16
 # path adds to the exact product of the dequantized weights; the W4A8 path adds its int8
 # activation rounding (0.4-1.5 % here) on top.
@@ -37,11 +37,11 @@ def prefill_from(request):
     """Set the op's prefill row count (and block bytes) for one test; back to the lever after."""
     ops = torch.ops.edge_cpu_int4
 
-    def set_rows(rows: int, block_bytes: int = avx2_w4a8.PREFILL_BLOCK_BYTES) -> None:
+    def set_rows(rows: int, block_bytes: int = w4a8_avx512.PREFILL_BLOCK_BYTES) -> None:
         ops.set_bf16_prefill(rows, block_bytes)
 
     yield set_rows
-    avx2_w4a8.configure_prefill()
+    w4a8_avx512.configure_prefill()
 
 
 def rows16_layer(N, K, g, seed=0):
@@ -159,11 +159,11 @@ def test_lever_and_cpu_decide_the_row_count(monkeypatch):
     amx = CpuFeatures(capability="AVX512", amx=True, vllm_w4a8_op=False)
     no_amx = CpuFeatures(capability="AVX512", amx=False, vllm_w4a8_op=False)
     monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL", raising=False)
-    assert avx2_w4a8.prefill_min_rows(amx) == ROWS and avx2_w4a8.prefill_min_rows(no_amx) == 0
+    assert w4a8_avx512.prefill_min_rows(amx) == ROWS and w4a8_avx512.prefill_min_rows(no_amx) == 0
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
-    assert avx2_w4a8.prefill_min_rows(no_amx) == ROWS
+    assert w4a8_avx512.prefill_min_rows(no_amx) == ROWS
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
-    assert avx2_w4a8.prefill_min_rows(amx) == 0
+    assert w4a8_avx512.prefill_min_rows(amx) == 0
 
 
 def test_loading_a_layer_configures_the_op_and_says_so(monkeypatch, prefill_from):

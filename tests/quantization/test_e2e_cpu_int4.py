@@ -41,7 +41,7 @@ def test_default_model_on_avx2_w4a8_answers_paris_in_the_worker(default_model, t
     from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
     from vllm_omni_edge.quantization.kernels import native
 
-    loaded, why = native.load_w4a8_avx2()
+    loaded, why = native.load_library()
     if not loaded:
         pytest.skip(f"avx2_w4a8 op unavailable: {why}")
     out = tmp_path / "smollm2-cpu-int4-g32"

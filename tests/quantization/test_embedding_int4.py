@@ -25,10 +25,10 @@ def triple(n=320, k=128, g=32, zero_point="float", seed=0):
 def rows16_op():
     from vllm_omni_edge.quantization.kernels import native
 
-    loaded, why = native.load_w4a8_avx2()
+    loaded, why = native.load_library()
     if not loaded:
         pytest.skip(f"the C++ op (interleave_rows16) is unavailable: {why}")
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import interleave_rows16
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16
 
     return interleave_rows16
 

@@ -20,7 +20,7 @@ from vllm_omni_edge.quantization.kernels import (
     choose_kernel,
 )
 from vllm_omni_edge.quantization.kernels import int4pack as int4pack_module
-from vllm_omni_edge.quantization.kernels.amx_w4a8 import to_awq_tensors
+from vllm_omni_edge.quantization.kernels.w4a8_amx import to_awq_tensors
 
 # Worst relative error seen over these cases was ~4e-7 (fp32), ~3e-4 (fp16),
 # ~3e-3 (bf16); the bounds leave room without hiding a wrong zero-point sign

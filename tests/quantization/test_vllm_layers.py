@@ -26,7 +26,7 @@ def kernel_tolerance() -> float:
     """Relative error allowed against the exact product for the router's kernel, bf16 output.
 
     W4A16 kernels are exact up to bf16 rounding (1e-2); the W4A8 ones (``*_w4a8*``) add int8
-    activations (2 %, tests/quantization/test_avx2_w4a8.py) on top. A wrong shard order errs
+    activations (2 %, tests/quantization/test_w4a8_ops.py) on top. A wrong shard order errs
     by ~100 %.
     """
     return 3e-2 if "w4a8" in routed_kernel(576, 576) else 1e-2

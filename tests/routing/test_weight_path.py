@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import pytest
 import torch
@@ -30,20 +31,20 @@ def spread(cpu_class, phase, path, median, low, high):
 
 
 def test_decode_ties_within_the_spread_go_by_prefill():
-    # avx512_w4a8 has the best decode median, but rows16's range overlaps it: a tie that
+    # avx2_w4a8 has the best decode median, but rows16's range overlaps it: a tie that
     # rows16's 2.7x faster prefill breaks. int4pack's best pass is slower than the
     # fastest's worst: not tied, it stays behind.
-    rows = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 9.4, 12.4),
+    rows = (spread("x86-amx", "decode", "avx2_w4a8", 11.1, 9.4, 12.4),
             spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 9.5, 12.8),
             spread("x86-amx", "decode", "int4pack", 16.0, 14.3, 16.0),
             spread("x86-amx", "prefill", "avx512_w4a8_rows16", 854.0, 673.0, 1143.0),
             spread("x86-amx", "prefill", "int4pack", 2195.0, 2074.0, 2444.0),
-            spread("x86-amx", "prefill", "avx512_w4a8", 2536.0, 2410.0, 3672.0))
-    assert decide("x86-amx", rows).decode_order == ("avx512_w4a8_rows16", "avx512_w4a8", "int4pack")
+            spread("x86-amx", "prefill", "avx2_w4a8", 2536.0, 2410.0, 3672.0))
+    assert decide("x86-amx", rows).decode_order == ("avx512_w4a8_rows16", "avx2_w4a8", "int4pack")
     # Without the overlap the decode median decides, whatever prefill says.
-    apart = (spread("x86-amx", "decode", "avx512_w4a8", 11.1, 10.9, 11.3),
+    apart = (spread("x86-amx", "decode", "avx2_w4a8", 11.1, 10.9, 11.3),
              spread("x86-amx", "decode", "avx512_w4a8_rows16", 12.3, 11.8, 12.8)) + rows[2:]
-    assert decide("x86-amx", apart).decode_order == ("avx512_w4a8", "avx512_w4a8_rows16", "int4pack")
+    assert decide("x86-amx", apart).decode_order == ("avx2_w4a8", "avx512_w4a8_rows16", "int4pack")
 
 
 def test_measured_rows_outrank_assumed_ones_and_unknown_classes_get_the_any_cpu_row():
@@ -75,8 +76,25 @@ def test_choose_kernel_follows_the_router_order(monkeypatch):
 
 
 def test_the_route_follows_the_features_class_not_only_this_machine():
-    from vllm_omni_edge.quantization.kernels import CpuFeatures, routing_class
+    from vllm_omni_edge.cpu_features import CpuFeatures
+    from vllm_omni_edge.routing.cpu_classes import routing_class
 
     assert routing_class(CpuFeatures("AVX512", amx=True, vllm_w4a8_op=True)) == "x86-amx"
     assert routing_class(CpuFeatures("AVX2", amx=False, vllm_w4a8_op=False)) == "x86-avx2"
     assert routing_class(CpuFeatures("DEFAULT", amx=False, vllm_w4a8_op=False)) == "other"
+
+
+def test_the_table_ranks_only_paths_the_plugin_has():
+    from vllm_omni_edge.quantization.kernels import KERNELS
+
+    assert set(weight_path.PATHS) == set(KERNELS) | {weight_path.DENSE}
+    assert {r.path for r in weight_path.load_table()} <= set(weight_path.PATHS)
+
+
+def test_every_cpu_class_has_a_row_measured_or_assumed():
+    from vllm_omni_edge.routing.cpu_classes import CPU_CLASSES
+
+    from vllm_omni_edge_bench.harness.routing_table import ASSUMED
+
+    assert set(json.loads(ASSUMED.read_text())["classes"]) == set(CPU_CLASSES)
+    assert {r.cpu_class for r in weight_path.load_table()} == set(CPU_CLASSES)

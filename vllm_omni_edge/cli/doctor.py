@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 
 from vllm_omni_edge import envs
-from vllm_omni_edge.cpu_features import cpu_class, cpu_model_name, usable_cores
+from vllm_omni_edge.cpu_features import cpu_model_name, usable_cores
+from vllm_omni_edge.routing.cpu_classes import cpu_class
 
 # Packages that must either import cleanly or be absent.
 OPTIONAL_TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -57,13 +58,12 @@ def companion_checks() -> list[Check]:
 
 def start_up_hook_checks() -> list[Check]:
     """Are patches/early.py's hooks in force in a fresh interpreter (scripts/setup.sh's .pth)?"""
-    code = ("import vllm_omni_edge.patches.frontend.inductor_cpp_wrapper as w, "
-            "vllm_omni_edge.patches.common.torchvision_native_ops as t; print(w._installed and t._installed)")
+    code = "import vllm_omni_edge.patches.common.torchvision_native_ops as t; print(t._installed)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if proc.stdout.strip() == "True":
         return [Check("start-up hooks", True, "in force in every interpreter (.pth)")]
     return [Check("start-up hooks", True, "not installed in this venv: run scripts/setup.sh (until then "
-                  "compiled models keep inductor's Python wrapper and torchvision may not import)", warning=True)]
+                  "torchvision may not import)", warning=True)]
 
 
 def version_checks() -> list[Check]:
@@ -90,13 +90,12 @@ def kernel_checks() -> list[Check]:
                       "(until then cpu_int4 runs on int4pack)", warning=True)]
     import torch
 
-    from vllm_omni_edge.quantization.kernels import Avx512VnniW4A8Kernel, CpuFeatures
+    from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures
 
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
-                                                 float_zero=True)
-    vnni = ("runs here (avx512_w4a8_rows16 where the router ranks it; "
-            "VLLM_OMNI_EDGE_INT4_KERNEL=avx512_w4a8 forces the per-row variant)" if ok else f"not here: {why}")
-    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8", True, vnni)]
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
+                                                       float_zero=True)
+    vnni = "runs here (where the router ranks it)" if ok else f"not here: {why}"
+    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8_rows16", True, vnni)]
 
 
 # A typical layer for the route check: SmolLM2's fused q/k/v (K=576, N=960), group 32.

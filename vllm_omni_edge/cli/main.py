@@ -61,7 +61,7 @@ def _cmd_build_kernels(args) -> int:
         print("no C++ kernels for this architecture; cpu_int4 runs on int4pack/dequant")
         return 0
     try:
-        path = native.build_w4a8_avx2(verbose=args.verbose)
+        path = native.build_library(verbose=args.verbose)
     except native.KernelBuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -76,7 +76,7 @@ def _cmd_patches(args) -> int:
         sys.stdout.write(render_markdown())
     else:
         for rec in records():
-            print(f"{rec.name:24} {rec.process.value:9} {rec.target}")
+            print(f"{rec.name:24} {rec.kind.value:6} {rec.process.value:9} {rec.target}")
     return 0
 
 

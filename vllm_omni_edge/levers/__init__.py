@@ -23,14 +23,12 @@ EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
-WORKER_IN_ENGINE_ENV = "VLLM_OMNI_EDGE_WORKER_IN_ENGINE"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
-CPP_WRAPPER_ENV = "VLLM_OMNI_EDGE_CPP_WRAPPER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
@@ -43,13 +41,6 @@ KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
 
 
 LeverFlagError = envs.FlagError
-
-
-def _choice(env: str, choices: tuple[str, ...], default: str) -> str:
-    value = os.environ.get(env, "").strip().lower() or default
-    if value not in choices:
-        raise LeverFlagError(f"{env}={os.environ[env]!r}: expected one of {', '.join(choices)}")
-    return value
 
 
 def rope_cap_enabled() -> bool:
@@ -87,11 +78,6 @@ def lazy_tokenizer_pool() -> bool:
 
 def eager_sampler_enabled() -> bool:
     return envs.get(EAGER_SAMPLER_ENV)
-
-
-def cpp_wrapper_enabled() -> bool:
-    # Off by default: no decode gain measured (cpp-wrapper-default, cpp-wrapper-qwen).
-    return _choice(CPP_WRAPPER_ENV, ("0", "1"), "0") == "1"
 
 
 def attention_calls_enabled() -> bool:
@@ -149,10 +135,6 @@ def shm_spin_seconds() -> float:
     return envs.get(SHM_SPIN_ENV)
 
 
-def worker_in_engine_enabled() -> bool:
-    return _choice(WORKER_IN_ENGINE_ENV, ("0", "1"), "0") == "1"
-
-
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
@@ -170,22 +152,16 @@ def vllm_layout_requested() -> bool:
 
 def llm_in_process_default() -> bool:
     """``LLM()`` runs its engine and model in the calling process unless the user set vLLM's
-    multiprocessing variable or asked for the two-process layout (the configuration may still
-    need vLLM's layout: llm_in_process)."""
-    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == "" and not worker_in_engine_enabled()
+    multiprocessing variable (the configuration may still need vLLM's layout: llm_in_process)."""
+    return os.environ.get(VLLM_MULTIPROCESSING_ENV, "").strip() == ""
 
 
 def single_process_enabled() -> bool:
-    """The one-process server layout: on unless set to 0, or another layout was asked for
-    (the two-process layout, or vLLM's by ``VLLM_ENABLE_V1_MULTIPROCESSING=1``)."""
+    """The one-process server layout: on unless set to 0, or vLLM's layout was asked for
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=1``)."""
     if not envs.is_set(SINGLE_PROCESS_ENV):
-        return not (worker_in_engine_enabled() or vllm_layout_requested())
-    enabled = envs.get(SINGLE_PROCESS_ENV)
-    if enabled and worker_in_engine_enabled():
-        raise LeverFlagError(
-            f"{SINGLE_PROCESS_ENV}=1 and {WORKER_IN_ENGINE_ENV}=1 ask for two different process "
-            "layouts (one process vs. two); set only one of them")
-    return enabled
+        return not vllm_layout_requested()
+    return envs.get(SINGLE_PROCESS_ENV)
 
 
 def single_process_asked() -> bool:

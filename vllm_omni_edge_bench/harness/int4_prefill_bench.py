@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_omni_edge.quantization import int4
     from vllm_omni_edge.quantization.kernels import native
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import PREFILL_BLOCK_BYTES, interleave_rows16
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import PREFILL_BLOCK_BYTES, interleave_rows16
 
-    loaded, why = native.load_w4a8_avx2()
+    loaded, why = native.load_library()
     if not loaded:
         sys.exit(f"the rows16 op is not loaded: {why}")
     if args.threads:

@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     if phases and not set(phases) <= set(PHASES):
         parser.error(f"--phases: choose from {', '.join(PHASES)}")
     from vllm_omni_edge_bench.harness.grid import resolve_model
-    from vllm_omni_edge.cpu_features import cpu_class, usable_cores
+    from vllm_omni_edge.cpu_features import usable_cores
+    from vllm_omni_edge.routing.cpu_classes import cpu_class
     from vllm_omni_edge.patches.frontend.reserved_cores import default_reserved_cores
 
     model_dir = Path(resolve_model(args.model))

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from vllm_omni_edge.atomic import atomic_write_bytes
-from vllm_omni_edge.routing.weight_path import DENSE, PHASES, TABLE_PATH
+from vllm_omni_edge.routing.weight_path import PATHS, PHASES, TABLE_PATH
 from vllm_omni_edge_bench.harness.provenance import PROJECT_ROOT
 
 SOURCES = Path(__file__).with_name("routing_sources")
@@ -37,9 +37,8 @@ def source_artifacts(sources: Path = SOURCES) -> list[Path]:
 
 
 def runnable_paths() -> frozenset[str]:
-    from vllm_omni_edge.quantization.kernels import KERNELS
-
-    return frozenset(KERNELS) | {DENSE}
+    """The paths the product can run: what the router may rank (``weight_path.PATHS``)."""
+    return frozenset(PATHS)
 
 
 def rows_from_artifact(path: Path) -> list[dict]:

@@ -16,10 +16,11 @@ Remove when: a torchaudio wheel built for torch 2.13 CPU loads from PyPI.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 RECORD = PatchRecord(
     name="torchaudio_fallback",
+    kind=Kind.FIX,
     target="sys.meta_path (module name 'torchaudio')",
     process=Process.WORKER,
     why="PyPI's torchaudio 2.11.1 fails to load with torch 2.13.0+cpu (ABI mismatch), "
@@ -30,6 +31,7 @@ RECORD = PatchRecord(
     remove_when="a torchaudio wheel for torch 2.13 CPU loads from PyPI.",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 

@@ -32,11 +32,12 @@ from __future__ import annotations
 import sys
 import threading
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import before_imported
 
 RECORD = PatchRecord(
     name="torchvision_native_ops",
+    kind=Kind.FIX,
     target="sys.meta_path (module 'torchvision._meta_registrations'); torch.library schemas "
     "torchvision::nms, torchvision::qnms",
     process=Process.WORKER,
@@ -49,6 +50,7 @@ RECORD = PatchRecord(
     "guards register_fake('torchvision::nms'/'qnms') with _has_ops().",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 _WATCHED = "torchvision._meta_registrations"

@@ -17,7 +17,7 @@ Remove when: vLLM authenticates every model-serving route (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.entrypoints.serve.middleware.authenticate"
@@ -27,6 +27,7 @@ OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/load", "/version"})
 
 RECORD = PatchRecord(
     name="api_key_all_routes",
+    kind=Kind.FIX,
     target="vllm.entrypoints.serve.middleware.authenticate.AuthenticationMiddleware.__call__",
     process=Process.FRONTEND,
     why="vLLM's API key guards only /v1, /v2, /inference, /cohere; /invocations served "
@@ -34,6 +35,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_reliability_units.py; tests/e2e/test_reliability.py (every "
     "route of the live server, no key / wrong key / right key).",
     remove_when="vLLM guards every model-serving route.",
+    upstream="https://github.com/vllm-project/vllm/issues/58144",
 )
 
 

@@ -24,7 +24,7 @@ import functools
 import json
 from pathlib import Path
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.renderers.hf"
@@ -33,12 +33,14 @@ NAMING_FILES = ("tokenizer_config.json", "config.json")
 
 RECORD = PatchRecord(
     name="chat_template_probe",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}._try_get_processor_chat_template",
     process=Process.FRONTEND,
     why="vLLM loads the model's AutoProcessor for its chat template; for a text model that is a "
     "second full tokenizer load, thrown away (0.57 s of a busy-box start).",
     verified_by="tests/test_chat_template_probe.py",
     remove_when="vLLM checks for processor files before loading an AutoProcessor.",
+    upstream="none found",
 )
 
 

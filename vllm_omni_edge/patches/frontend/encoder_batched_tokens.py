@@ -20,16 +20,18 @@ multimodal prefix-LM models since 0.30) for encoder-decoder models too.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 
 RECORD = PatchRecord(
     name="encoder_batched_tokens",
+    kind=Kind.FIX,
     target="vllm.engine.arg_utils.EngineArgs._set_default_max_num_seqs_and_batched_tokens_args",
     process=Process.FRONTEND,
     why="Whisper with max_num_seqs 2 got a default max_num_batched_tokens of 896 (2 x 448), "
     "below its 1500-token encoder input, and refused to start.",
     verified_by="tests/test_encoder_batched_tokens.py; tests/e2e/test_whisper_serve.py.",
     remove_when="vLLM's default budget covers an encoder-decoder model's encoder input.",
+    upstream="https://github.com/vllm-project/vllm/issues/17797",
 )
 
 

@@ -17,7 +17,7 @@ Remove when: vLLM's API server exits non-zero after engine death.
 from __future__ import annotations
 
 from vllm_omni_edge.log import get_logger
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 ENGINE_DEATH_EXIT_CODE = 1
@@ -29,6 +29,7 @@ TARGET_MODULES = (
 
 RECORD = PatchRecord(
     name="engine_death_exit",
+    kind=Kind.FIX,
     target="vllm.entrypoints.launchers.launcher.terminate_if_errored (and its import "
     "in serve.exception_handling.handlers.vllm_error)",
     process=Process.FRONTEND,
@@ -37,6 +38,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_reliability_units.py; tests/e2e/test_reliability.py (worker "
     "SIGKILL mid-stream: stream error, /health 503, exit status 1).",
     remove_when="vLLM's API server exits non-zero after engine death.",
+    upstream="https://github.com/vllm-project/vllm/issues/48966",
 )
 
 _engine_died = False

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 ENGINE_MODULE = "vllm.v1.engine.core"
@@ -32,12 +32,14 @@ ENGINE_CORE_PROCESS = "EngineCore"  # vLLM's name for its engine-core child
 
 RECORD = PatchRecord(
     name="engine_start_gc",
+    kind=Kind.LEVER,
     target=f"{ENGINE_MODULE}.freeze_gc_heap; {WORKER_MODULE}.CPUWorker.init_device",
     process=Process.FRONTEND,
     why="An LLM() start ran three full collections over the whole import heap (~1.5 s) and "
     "the automatic ones; startup_gc held collection back only in the CLI's server process.",
     verified_by="tests/test_engine_start_gc.py; start-up-llm-gc-default.yaml (evidence startup_gc).",
     remove_when="vLLM pauses automatic collection during its own start-up.",
+    upstream="none found",
 )
 
 

@@ -25,7 +25,7 @@ import json
 from http import HTTPStatus
 from pathlib import Path
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm_omni.entrypoints.openai.api_server"
@@ -33,6 +33,7 @@ CHECK_NAME = "_check_max_generated_image_size"
 
 RECORD = PatchRecord(
     name="image_size_multiple",
+    kind=Kind.OMNI,
     target=f"{TARGET_MODULE}.{CHECK_NAME}",
     process=Process.FRONTEND,
     why="A width/height the diffusion pipeline cannot make (e.g. 60x60 for SD3, which needs "
@@ -42,6 +43,7 @@ RECORD = PatchRecord(
     remove_when="vLLM-Omni keeps the pipeline's input ValueError a 4xx, or checks the multiple itself.",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 # diffusers pipeline class -> the latent patch factor its vLLM-Omni check_inputs multiplies

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import functools
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 RECORD = PatchRecord(
     name="kv_budget",
+    kind=Kind.FIX,
     target="vllm.platforms.cpu.CpuPlatform.check_and_update_config",
     process=Process.FRONTEND,
     why="VLLM_CPU_KVCACHE_SPACE silently overrides kv_cache_memory_bytes; the default takes 0.92 of RAM.",
     verified_by="tests/test_levers.py; tests/e2e/test_memory_levers.py reads the worker's KV bytes.",
     remove_when="vLLM-CPU honours kv_cache_memory_bytes over the env var and sizes KV from need.",
+    upstream="https://github.com/vllm-project/vllm/issues/29233",
 )
 
 

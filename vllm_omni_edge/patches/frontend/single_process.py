@@ -28,13 +28,14 @@ accepts ``asyncio_mode`` without multiprocessing).
 from __future__ import annotations
 
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.engine.core_client"
 
 RECORD = PatchRecord(
     name="single_process",
+    kind=Kind.LEVER,
     target="vllm.v1.engine.core_client.EngineCoreClient.make_async_mp_client",
     process=Process.FRONTEND,
     why="The default server layout, one process: AsyncLLM's engine core and the model run on a thread of "
@@ -44,6 +45,7 @@ RECORD = PatchRecord(
     "streaming, 4 concurrent clients, abort frees KV, injected engine fault: 503 and exit 1); "
     "tests/test_single_process_units.py.",
     remove_when="vLLM offers an asyncio in-process engine-core client.",
+    upstream="none found",
 )
 
 

@@ -16,13 +16,14 @@ an entry point if vLLM-Omni loaded pipeline plugins before resolving the model.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm_omni.config.pipeline_registry"
 
 RECORD = PatchRecord(
     name="spoken_question_pipeline",
+    kind=Kind.OMNI,
     target=f"{TARGET_MODULE}.OMNI_PIPELINES['spoken_question']",
     process=Process.FRONTEND,
     why="vLLM-Omni resolves pipelines from its own registry only; our Whisper -> text model "
@@ -31,6 +32,7 @@ RECORD = PatchRecord(
     remove_when="vLLM-Omni loads pipeline plugins (entry points) before it resolves the model.",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 

@@ -21,7 +21,7 @@ Remove when: vLLM pauses collection during its own start-up (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.entrypoints.launchers.utils.server_utils"
@@ -29,12 +29,14 @@ WORKER_MODULE = "vllm.v1.worker.cpu_worker"
 
 RECORD = PatchRecord(
     name="startup_gc",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.freeze_gc_heap; {WORKER_MODULE}.CPUWorker.init_device",
     process=Process.FRONTEND,
     why="Automatic collection rescans the growing start-up heap ~2,200 times (5.2 s of a "
     "24 s start); collection stays paused until vLLM's own collect-and-freeze at server ready.",
     verified_by="tests/test_startup_gc.py; evidence startup_gc and the PSS peaks in the start-up grids.",
     remove_when="vLLM pauses automatic collection during its own start-up.",
+    upstream="none found",
 )
 
 

@@ -21,19 +21,21 @@ Remove when: vLLM builds the renderer's pool on demand (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.renderers.hf"
 
 RECORD = PatchRecord(
     name="tokenizer_pool",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.maybe_make_thread_pool (called by HfRenderer.__init__)",
     process=Process.FRONTEND,  # the renderer lives in the API server / LLM() process
     why="vLLM deep-copies the tokenizer renderer_num_workers + 1 times at start (Qwen-1.5B: "
     "0.92 s and 107 MiB each); the pool grows on demand anyway, so one copy up front does.",
     verified_by="tests/test_tokenizer_pool.py; evidence tokenizer_pool in the process record.",
     remove_when="vLLM builds the renderer tokenizer pool on demand.",
+    upstream="none found",
 )
 
 UP_FRONT_COPIES = 1

@@ -16,16 +16,18 @@ upstream fix as of 0.32.0).
 from __future__ import annotations
 
 from vllm_omni_edge.cpu_features import cpu_flags
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 RECORD = PatchRecord(
     name="amx_tile_permission",
+    kind=Kind.FIX,
     target="process start: torch._C._cpu._init_amx()",
     process=Process.WORKER,
     why="vLLM's AMX kernels die with SIGILL unless the process first requests AMX tile state.",
     verified_by="tests/e2e/test_amx_worker.py runs AMX attention in a real worker; "
     "tests/test_patches.py checks it applied in the worker process.",
     remove_when="vLLM calls arch_prctl(ARCH_REQ_XCOMP_PERM) itself before its AMX kernels.",
+    upstream="none found",
 )
 
 

@@ -24,7 +24,7 @@ import json
 import struct
 from collections.abc import Generator, Iterable
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULES = (
@@ -37,11 +37,13 @@ RECORD = PatchRecord(
     target="vllm.model_executor.model_loader.weight_utils.safetensors_weights_iterator "
     "(and its name in default_loader)",
     process=Process.WORKER,
+    kind=Kind.LEVER,
     why="safe_open keeps the whole checkpoint mapped while loading: its pages and the "
     "parameters' copies are resident together, a load-time peak of the model's size.",
     verified_by="tests/test_checkpoint_read_per_tensor.py (identical tensors to safe_open, no "
     "mapping left, clear error on a truncated file); load-peak PSS in the user-command grids.",
     remove_when="vLLM's safetensors iterator reads instead of mapping, or releases pages as it goes.",
+    upstream="none found",
 )
 
 # What the reader did in this process; read by vllm_omni_edge.evidence.

@@ -11,11 +11,11 @@ vLLM checks the source files dynamo traced (our kernels' ``apply``) when it load
 Why: the compiled graph holds the parameters our kernels registered (tinygemm's
 ``scales_and_zeros``, W4A8's stored triple, a dense prefill copy...). vLLM's key does not
 see our kernel choice or flags, so a model compiled on ``int4pack`` was loaded for a start
-forced to ``avx512_w4a8`` and the first forward died: ``KeyError: 'scales_and_zeros'``
+forced to another kernel and the first forward died: ``KeyError: 'scales_and_zeros'``
 (2026-12-01, SmolLM2 cpu_int4, one process). With this factor each choice gets its own
 cache directory; an unchanged start still loads its own.
 Verified by: tests/test_compile_cache_key.py (the factor follows the kernels and the graph-shaping
-levers, not other flags; its place in vLLM's key; idempotent); the compiled arms of ``grids/w4a8-vnni-qwen.yaml`` assert
+levers, not other flags; its place in vLLM's key; idempotent); the compiled arms of ``results/2026-12-01-w4a8-vnni-qwen/grid.yaml`` assert
 ``compile_cache.aot_loaded`` with two kernels sharing one cache root.
 Remove when: vLLM lets a quantization method add to the compile cache key (or hashes the
 model's parameter names), so a kernel switch is a different key upstream.
@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import json
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.compilation.caching"
 
 RECORD = PatchRecord(
     name="compile_cache_key",
+    kind=Kind.FIX,
     target=f"{TARGET_MODULE}.aot_compile_hash_factors",
     process=Process.WORKER,
     why="vLLM's compile cache key ignores our kernel choice and flags: an artifact compiled on "
     "one cpu_int4 kernel was loaded for another and the first forward raised KeyError.",
-    verified_by="tests/test_compile_cache_key.py; grids/w4a8-vnni-qwen.yaml (aot_loaded per kernel).",
+    verified_by="tests/test_compile_cache_key.py; results/2026-12-01-w4a8-vnni-qwen/grid.yaml (aot_loaded per kernel).",
     remove_when="vLLM lets a quantization method extend the compile cache key.",
+    upstream="none found",
 )
 
 # The factor this process added last (None: no compiled model was keyed here); evidence.

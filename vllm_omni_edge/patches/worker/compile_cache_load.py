@@ -22,7 +22,7 @@ Remove when: vLLM's loader checks for ``finalize_loading`` (or CPU compiles thro
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "torch._dynamo.aot_compile_types"
@@ -31,6 +31,7 @@ METHOD = "finalize_loading"
 
 RECORD = PatchRecord(
     name="compile_cache_load",
+    kind=Kind.FIX,
     target=f"{TARGET_MODULE}.{TARGET_CLASS}.{METHOD} "
     "(called by vllm.compilation.decorators._try_load_aot_compiled_fn)",
     process=Process.WORKER,  # the model is compiled and loaded where it runs
@@ -40,6 +41,7 @@ RECORD = PatchRecord(
     "start loads the artifact, no recompile, same answer).",
     remove_when="vLLM's AOT loader tolerates artifacts without finalize_loading, or CPU compiles "
     "through VllmSerializableFunction.",
+    upstream="none found",
 )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.compilation.wrapper"
@@ -30,12 +30,14 @@ REFRESH_S = 1.0
 
 RECORD = PatchRecord(
     name="compile_progress",
+    kind=Kind.FIX,
     target=f"{TARGET_MODULE}.TorchCompileWithNoGuardsWrapper.aot_compile",
     process=Process.WORKER,
     why="A first compiled start spends one to two minutes in dynamo and inductor with no output; "
     "a progress line shows the elapsed time and the C++ kernels handed to the compiler.",
     verified_by="tests/test_compile_progress.py.",
     remove_when="vLLM reports compile progress itself.",
+    upstream="none found",
 )
 
 

@@ -17,14 +17,14 @@ Flag: ``VLLM_OMNI_EDGE_COMPILE_WARMUP=full`` restores vLLM's full-size warm-up (
 stays, so the evidence records either size).
 Verified by: tests/test_compile_warmup_tokens.py (the runner sees 16 during the call and
 its own value after, also when the warm-up raises; the flag; idempotence);
-``grids/compile-warmup-qwen.yaml`` (compiled arm, short vs full warm-up: start time,
+``results/2026-12-01-compile-warmup-qwen/grid.yaml`` (compiled arm, short vs full warm-up: start time,
 decode and prefill speed, and the evidence ``compile_warmup_tokens``).
 Remove when: vLLM's CPU warm-up runs a small dummy batch for dynamic-shape compiles.
 """
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_model_runner"
@@ -32,12 +32,14 @@ WARMUP_TOKENS = 16
 
 RECORD = PatchRecord(
     name="compile_warmup_tokens",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.CPUModelRunner.warming_up_model",
     process=Process.WORKER,
     why="The compiled graph is dynamic in the token count, yet vLLM's CPU warm-up runs a "
     "4,096-token dummy forward: 93-108 s of each compiled Qwen-1.5B start on a 4-bit kernel.",
-    verified_by="tests/test_compile_warmup_tokens.py; grids/compile-warmup-qwen.yaml.",
+    verified_by="tests/test_compile_warmup_tokens.py; results/2026-12-01-compile-warmup-qwen/grid.yaml.",
     remove_when="vLLM's CPU warm-up uses a small dummy batch for dynamic-shape compiles.",
+    upstream="none found",
 )
 
 # Tokens of the last warm-up in this process (None: none ran); read by vllm_omni_edge.evidence.

@@ -15,11 +15,11 @@ keys and values (``attn_metadata.slot_mapping``, unpadded then) before attending
 write, one Python custom op dispatch less per layer and step. Layers sharing another's KV
 cache and steps without keys write nothing, as vLLM's separate update did.
 Why: vLLM's compiled model calls these two Python custom ops once per layer per step (the
-graph cannot hold them); with inductor's C++ wrapper they are most of the Python left in a
-decode step. py-spy, SmolLM2-135M one process: the two paths took 15.7 % of a step, their
+graph cannot hold them). py-spy, SmolLM2-135M one process: the two paths took 15.7 % of a step, their
 native kernels ~4 %. Micro-benchmark on this box (busy): view + chunk 9.8 us, the
 keyword wrapper 17.0 vs 13.5 us through the overload, a slice 2.6 us. Measured end to
-end (``2026-12-01-cpp-wrapper-default``, 5 interleaved passes, one process, C++ wrapper):
+end (``2026-12-01-cpp-wrapper-default``, 5 interleaved passes, one process, with inductor's C++
+wrapper, an experiment since removed):
 SmolLM2 decode 1.25x (1.19-1.37) with the trimmed calls, far more than these per-call
 costs add up to; the grid measures it, the profile does not explain all of it.
 Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
@@ -27,30 +27,31 @@ Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
 idempotent; one call: same cache and output as vLLM's two calls, padded and not, and the
-backend's flag set); decode in ``grids/cpp-wrapper-default.yaml`` (A/B),
-``grids/attention-calls-default.yaml`` and ``grids/fused-mlp-default.yaml`` (one call).
+backend's flag set); decode in ``results/2026-12-01-cpp-wrapper-default/grid.yaml`` (A/B),
+``results/2026-12-01-attention-calls-default/grid.yaml`` and ``grids/fused-mlp-default.yaml`` (one call).
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
 without the keyword wrappers (or the attention moves into the compiled graph).
 """
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.attention.backends.cpu_attn"
 
 RECORD = PatchRecord(
     name="cpu_attention_calls",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.CPUAttentionBackendImpl.do_kv_cache_update / .forward, "
     "CPUAttentionBackend.forward_includes_kv_cache_update",
     process=Process.WORKER,
     why="Per layer and step, vLLM's CPU attention remakes its KV cache views and calls its ops "
-    "through keyword wrappers: with the C++ wrapper that Python is most of what remains of a "
-    "decode step outside the kernels.",
+    "through keyword wrappers: Python work on the decode step's critical path.",
     verified_by="tests/test_cpu_attention_calls.py (same writes and outputs as vLLM's code); "
-    "grids/cpp-wrapper-default.yaml, grids/attention-calls-default.yaml.",
+    "results/2026-12-01-cpp-wrapper-default/grid.yaml, results/2026-12-01-attention-calls-default/grid.yaml.",
     remove_when="vLLM's CPU attention backend caches its cache views and calls its ops directly.",
+    upstream="none found",
 )
 
 # On the layer: (the KV tensor the views were made from, key view, value view).

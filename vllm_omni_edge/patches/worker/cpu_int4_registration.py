@@ -14,10 +14,11 @@ Remove when: never while the plugin ships cpu_int4; it is the registration itsel
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 RECORD = PatchRecord(
     name="cpu_int4_registration",
+    kind=Kind.LEVER,
     target="vllm.model_executor.layers.quantization.register_quantization_config('cpu_int4')",
     process=Process.WORKER,
     why="vLLM only knows quantization methods registered in the current process; the front "
@@ -25,6 +26,7 @@ RECORD = PatchRecord(
     verified_by="tests/quantization/test_vllm_layers.py; tests/quantization/test_e2e_cpu_int4.py "
     "loads a cpu_int4 checkpoint through vllm.LLM.",
     remove_when="Never while cpu_int4 ships: this is the registration, through public API.",
+    upstream="none found",
 )
 
 

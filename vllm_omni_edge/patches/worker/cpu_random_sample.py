@@ -16,7 +16,7 @@ Flag: ``VLLM_OMNI_EDGE_EAGER_SAMPLER=0`` keeps vLLM's compiled sampler (the A/B 
 Verified by: tests/test_cpu_random_sample.py (draws follow the softmax, chi-square on
 a 4-token vocabulary; tokens with probability 0 are never drawn; ``forward_cpu`` runs no
 dynamo compile; idempotent); the ``cold_start`` workload's ``first sampled request``
-figure in ``grids/start-up-default.yaml``.
+figure in ``results/2026-12-01-start-up-default/grid.yaml``.
 Remove when: vLLM's CPU sampler stops compiling on the first request (or the compile
 is cached across processes and costs < 0.1 s).
 """
@@ -25,20 +25,22 @@ from __future__ import annotations
 
 import torch
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 
 RECORD = PatchRecord(
     name="cpu_random_sample",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.compiled_random_sample",
     process=Process.WORKER,
     why="vLLM inductor-compiles its CPU random sampler on the first sampled request: 4.5 s "
     "before a user's first token at temperature > 0; the eager draw is as fast.",
     verified_by="tests/test_cpu_random_sample.py; the cold_start 'first sampled request' "
-    "figure of grids/start-up-default.yaml.",
+    "figure of results/2026-12-01-start-up-default/grid.yaml.",
     remove_when="vLLM's CPU sampler no longer compiles on the first request.",
+    upstream="none found",
 )
 
 

@@ -18,18 +18,20 @@ Remove when: vLLM skips the prepack for lookup-only embeddings.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.model_executor.layers.vocab_parallel_embedding"
 
 RECORD = PatchRecord(
     name="embedding_prepack",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.UnquantizedEmbeddingMethod.process_weights_after_loading",
     process=Process.WORKER,
     why="embed_tokens keeps a oneDNN-prepacked copy of its weight that lookups never read.",
     verified_by="tests/test_levers.py (no prepack on embed_tokens, kept on heads).",
     remove_when="vLLM prepacks only embeddings that are used as matmul weights.",
+    upstream="none found",
 )
 
 

@@ -27,7 +27,7 @@ import threading
 from multiprocessing.connection import wait
 
 from vllm_omni_edge.log import get_logger
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 
 logger = get_logger("patches.engine_core_parent_watch")
 
@@ -35,6 +35,7 @@ THREAD_NAME = "EdgeParentWatch"
 
 RECORD = PatchRecord(
     name="engine_core_parent_watch",
+    kind=Kind.FIX,
     target="vllm.v1.engine.core.EngineCoreProc.run_engine_core (its process)",
     process=Process.WORKER,
     why="vLLM's engine core outlives a front end that dies without shutting it down (SIGKILL, "
@@ -42,6 +43,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_engine_core_parent_watch.py (spawned EngineCore child exits after "
     "its parent's os._exit; other processes untouched; one thread).",
     remove_when="vLLM's engine core watches its parent process.",
+    upstream="https://github.com/vllm-project/vllm/issues/55510",
 )
 
 

@@ -14,18 +14,20 @@ when moving off vLLM 0.30.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_worker"
 
 RECORD = PatchRecord(
     name="evidence_recorder",
+    kind=Kind.LEVER,
     target="vllm.v1.worker.cpu_worker.CPUWorker.compile_or_warm_up_model",
     process=Process.WORKER,
     why="The harness needs the worker's own account of what it allocated.",
     verified_by="tests/test_patches.py reads worker evidence from a real worker process.",
     remove_when="Our instrumentation; re-check the hook on each vLLM upgrade.",
+    upstream="none found",
 )
 
 

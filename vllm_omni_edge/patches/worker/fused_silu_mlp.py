@@ -21,7 +21,7 @@ for CPU), or our kernels move into a vLLM quantization backend that provides one
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 # Module -> MLP class whose forward is gate_up_proj, act_fn, down_proj (vLLM 0.30).
@@ -32,12 +32,14 @@ TARGETS = {
 
 RECORD = PatchRecord(
     name="fused_silu_mlp",
+    kind=Kind.LEVER,
     target=", ".join(f"{module}.{cls}.forward" for module, cls in TARGETS.items()),
     process=Process.WORKER,
     why="At decode a small model's MLP is three calls whose fixed costs match its matrix work; "
     "with both linears on the rows16 W4A8 kernel they can be one C++ call.",
     verified_by="tests/test_fused_silu_mlp.py; grids/fused-mlp-default.yaml, grids/fused-mlp-qwen.yaml.",
     remove_when="vLLM fuses a quantized dense MLP on CPU itself.",
+    upstream="none found",
 )
 
 
@@ -62,7 +64,7 @@ def _fusable(mlp, act_cls, kernel_cls) -> bool:
 def _classes():
     from vllm.model_executor.layers.activation import SiluAndMul
 
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import Avx512VnniRows16W4A8Kernel
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
 
     return SiluAndMul, Avx512VnniRows16W4A8Kernel
 
@@ -73,7 +75,7 @@ def fusable(mlp) -> bool:
 
 
 def _make_forward(original):
-    from vllm_omni_edge.quantization.kernels.avx2_w4a8 import silu_mlp
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import silu_mlp
 
     act_cls, kernel_cls = _classes()
 

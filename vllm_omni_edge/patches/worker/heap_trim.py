@@ -17,18 +17,20 @@ Remove when: vLLM trims the heap after loading on CPU (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_worker"
 
 RECORD = PatchRecord(
     name="heap_trim",
+    kind=Kind.LEVER,
     target="vllm.v1.worker.cpu_worker.CPUWorker.load_model",
     process=Process.WORKER,
     why="Heap freed by load-time temporaries stays resident in glibc's arenas; malloc_trim returns it.",
     verified_by="tests/test_levers.py (trim returns a freed block; skipped off glibc); heap_trim in worker evidence.",
     remove_when="vLLM trims the heap after loading on CPU.",
+    upstream="none found",
 )
 
 # What the last trim in this process did; read by vllm_omni_edge.evidence.

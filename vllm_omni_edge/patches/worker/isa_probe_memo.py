@@ -25,7 +25,7 @@ Remove when: torch caches the probe result on disk, or stops probing in a subpro
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 from vllm_omni_edge.stamped_memo import StampedMemo, environment_stamp, file_stamp
 
@@ -33,12 +33,14 @@ TARGET_MODULE = "torch._inductor.cpu_vec_isa"
 
 RECORD = PatchRecord(
     name="isa_probe_memo",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.VecISA._probe_load",
     process=Process.WORKER,  # probed where the model is compiled or its compiled code loaded
     why="Inductor spawns a Python per vector ISA to dlopen a test library, on every compiled "
     "start (10 probes, 1.2-2.4 s here); the answer is fixed while library, torch and CPU are.",
     verified_by="tests/test_isa_probe_memo.py; evidence isa_probes in the start-up grids.",
     remove_when="torch remembers the probe on disk or stops probing in a subprocess.",
+    upstream="none found",
 )
 
 # Probes in this process: answered from the file, or run (evidence / tests).

@@ -22,7 +22,7 @@ Remove when: vLLM-CPU sizes its KV default from need (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.engine.core"
@@ -31,6 +31,7 @@ NEED_SIZED_ATTR = "edge_kv_sized_from_need"
 
 RECORD = PatchRecord(
     name="kv_default_exact",
+    kind=Kind.LEVER,
     target="vllm.v1.engine.core.get_kv_cache_configs",
     process=Process.WORKER,
     why="A need-sized KV default must admit max_num_seqs requests of max_model_len under vLLM's "
@@ -38,6 +39,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_kv_default_exact.py (property test against vLLM's get_kv_cache_configs); "
     "tests/e2e/test_memory_levers.py (no budget at max_model_len 512 and 1000 answers).",
     remove_when="vLLM-CPU sizes its KV default from need.",
+    upstream="none found",
 )
 
 

@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import mmap
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.utils"
 
 RECORD = PatchRecord(
     name="kv_resident_as_used",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.torch (allocate_kv_cache's zeros)",
     process=Process.WORKER,
     why="vLLM zero-fills the whole CPU KV buffer at start, making every byte of the budget resident; "
     "zero pages from a fresh mapping read the same and become resident as blocks are written.",
     verified_by="tests/test_kv_resident_as_used.py; kv_cache_mapped_bytes in the worker evidence.",
     remove_when="vLLM allocates the CPU KV cache without touching it.",
+    upstream="none found",
 )
 
 # Bytes of KV buffer this process mapped lazily (0: none); read by vllm_omni_edge.evidence.

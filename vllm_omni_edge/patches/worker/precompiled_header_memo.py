@@ -31,7 +31,7 @@ import os
 import shutil
 from pathlib import Path
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 from vllm_omni_edge.stamped_memo import StampedMemo, environment_stamp, file_stamp
 
@@ -39,12 +39,14 @@ TARGET_MODULE = "torch._inductor.codecache"
 
 RECORD = PatchRecord(
     name="precompiled_header_memo",
+    kind=Kind.LEVER,
     target=f"{TARGET_MODULE}._precompile_header",
     process=Process.WORKER,  # where compiled kernels are loaded
     why="Every compiled start preprocesses inductor's C++ prefix header in a child g++ just to "
     "name its .gch, even when every kernel library is already built (0.2 s here).",
     verified_by="tests/test_precompiled_header_memo.py; evidence precompiled_headers in the start-up grids.",
     remove_when="torch skips the header for an already-built library or caches its preprocessed hash.",
+    upstream="none found",
 )
 
 # Calls in this process: answered from the file, or run by torch (evidence / tests).

@@ -15,7 +15,7 @@ Remove when: vLLM-Omni initialises ``voice_type`` in ``__init__``.
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm_omni.model_executor.models.qwen2_5_omni.qwen2_5_omni"
@@ -23,6 +23,7 @@ DEFAULT_VOICE = "Chelsie"  # forward()'s default voice_type in vLLM-Omni 0.30.0
 
 RECORD = PatchRecord(
     name="qwen2_5_omni_voice_type",
+    kind=Kind.OMNI,
     target=f"{TARGET_MODULE}.Qwen2_5OmniForConditionalGeneration.voice_type",
     process=Process.WORKER,
     why="voice_type is set only by the talker's forward(), but read in preprocessing before it; "
@@ -31,6 +32,7 @@ RECORD = PatchRecord(
     remove_when="vLLM-Omni initialises voice_type in Qwen2_5OmniForConditionalGeneration.__init__.",
     vllm_versions=("0.30.0",),
     package="vllm-omni",
+    upstream="none found",
 )
 
 

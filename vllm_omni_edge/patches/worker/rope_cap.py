@@ -14,18 +14,20 @@ Remove when: vLLM sizes rotary caches by max_model_len (not as of 0.30.0).
 
 from __future__ import annotations
 
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.cpu_model_runner"
 
 RECORD = PatchRecord(
     name="rope_cap",
+    kind=Kind.LEVER,
     target="vllm.v1.worker.cpu_model_runner.CPUModelRunner.load_model",
     process=Process.WORKER,
     why="RoPE tables are built for max_position_embeddings; rows past max_model_len are never read.",
     verified_by="tests/test_levers.py (bit-for-bit rows per variant); worker evidence rope rows.",
     remove_when="vLLM builds rotary caches for max_model_len.",
+    upstream="none found",
 )
 
 

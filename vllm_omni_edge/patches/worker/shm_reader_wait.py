@@ -32,13 +32,14 @@ from __future__ import annotations
 import time
 
 from vllm_omni_edge.evidence import note_shm_reader
-from vllm_omni_edge.patches.base import PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 
 RECORD = PatchRecord(
     name="shm_reader_wait",
+    kind=Kind.LEVER,
     target="vllm.distributed.device_communicators.shm_broadcast.SpinCondition.__init__ and .wait",
     process=Process.WORKER,  # readers live in the engine core and in each worker
     why="vLLM's shm queue readers poll sched_yield for 1 s after each read: a whole core of a 2-core box during decode; "
@@ -46,6 +47,7 @@ RECORD = PatchRecord(
     verified_by="tests/test_shm_reader_wait.py (real MessageQueue; a missed notification costs <= the cap); "
         "engine_core CPU s in the edge-default A/B.",
     remove_when="vLLM makes SpinCondition.busy_loop_s configurable or adaptive on CPU.",
+    upstream="https://github.com/vllm-project/vllm/pull/52814",
 )
 
 # After a read, block for at most this long per poll (bounds a missed notification).

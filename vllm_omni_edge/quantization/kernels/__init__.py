@@ -1,21 +1,20 @@
 """The cpu_int4 kernels and the one place that picks between them.
 
 Order of preference, when more than one can run a layer: the router's
-(``vllm_omni_edge/routing``), i.e. the decode ranking measured for this CPU class
+(``vllm_omni_edge/routing``, which owns the CPU classes), i.e. the decode ranking measured for this CPU class
 and shipped as a generated table; kernels the table does not rank follow in the
 static order below, the last resort being the slowest:
 1. ``amx_w4a8``: AMX Xeons, bf16 activations, integer zero points.
 2. ``int4pack``: tinygemm W4A16, any x86 CPU PyTorch supports (AVX2 here).
 3. ``avx2_w4a8``: our C++ op (int8 activations, float offsets), x86 with AVX2,
    once built on the machine; ranked only where a table measured it.
-   ``avx512_w4a8``: the same op's AVX-512 VNNI variant, ranked after it unless measured.
    ``avx512_w4a8_rows16``: VNNI on a 16-row interleaved copy of the weights (made at load,
    replacing the stored layout); the router's first float-offset kernel on x86-amx. On AMX
    CPUs its calls of 32 rows or more (prefill) run a bf16 GEMM on blocks dequantized from
    that layout, inside the same op (``VLLM_OMNI_EDGE_INT4_PREFILL``).
 4. ``dequant``: pure PyTorch, any shape, slow.
 
-``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|avx512_w4a8|avx512_w4a8_rows16|dequant`` forces one kernel; a
+``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|avx512_w4a8_rows16|dequant`` forces one kernel; a
 layer the forced kernel cannot run is an error, not a silent fallback.
 """
 
@@ -24,21 +23,17 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge import envs
-from vllm_omni_edge.quantization.kernels.amx_w4a8 import AmxW4A8Kernel
-from vllm_omni_edge.quantization.kernels.avx2_w4a8 import (
-    Avx2W4A8Kernel,
-    Avx512VnniRows16W4A8Kernel,
-    Avx512VnniW4A8Kernel,
-)
+from vllm_omni_edge.quantization.kernels.w4a8_amx import AmxW4A8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
 from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel
-from vllm_omni_edge.routing.weight_path import decision_for, routing_class  # noqa: F401  (asked by kernels)
+from vllm_omni_edge.routing.weight_path import route_summary, routed_order
 from vllm_omni_edge.quantization.kernels.dequant import DequantFallbackKernel
 from vllm_omni_edge.quantization.kernels.int4pack import Int4PackCpuKernel
 
 KERNEL_ENV = "VLLM_OMNI_EDGE_INT4_KERNEL"
 PREFERENCE: tuple[type[Int4Kernel], ...] = (
-    AmxW4A8Kernel, Int4PackCpuKernel, Avx2W4A8Kernel, Avx512VnniW4A8Kernel, Avx512VnniRows16W4A8Kernel,
-    DequantFallbackKernel,
+    AmxW4A8Kernel, Int4PackCpuKernel, Avx2W4A8Kernel, Avx512VnniRows16W4A8Kernel, DequantFallbackKernel,
 )
 KERNELS: dict[str, type[Int4Kernel]] = {k.name: k for k in PREFERENCE}
 
@@ -46,7 +41,6 @@ __all__ = [
     "AmxW4A8Kernel",
     "Avx2W4A8Kernel",
     "Avx512VnniRows16W4A8Kernel",
-    "Avx512VnniW4A8Kernel",
     "CpuFeatures",
     "DequantFallbackKernel",
     "Int4Kernel",
@@ -92,13 +86,3 @@ def choose_kernel(
         passed_over.append(f"{kernel.name}: {reason}")
     raise KernelUnavailableError(f"no cpu_int4 kernel can run {what}: {'; '.join(passed_over)}")
 
-
-def routed_order(features: CpuFeatures) -> tuple[str, ...]:
-    """Kernel names, fastest first for decode on this CPU class (routing table)."""
-    return decision_for(routing_class(features)).decode_order
-
-
-def route_summary(features: CpuFeatures) -> str:
-    d = decision_for(routing_class(features))
-    note = f"; {d.prefill_note}" if d.prefill_note else ""
-    return f"{d.cpu_class} {d.status}: decode order {'>'.join(d.decode_order)}{note}"

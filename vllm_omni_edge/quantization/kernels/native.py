@@ -26,11 +26,14 @@ from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.cache_paths import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
-W4A8_AVX2_SOURCE = CSRC / "w4a8_avx2.cpp"
+# One library, the op namespace edge_cpu_int4: the AVX2 W4A8 op, and the AVX-512 VNNI ops
+# (16-row layout, bf16 prefill, fused MLP) whose functions carry their own target attribute.
+SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp")
+HEADERS = (CSRC / "w4a8_common.h",)
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
 # torch's own libgomp (same soname, already loaded), so thread counts are shared.
-W4A8_AVX2_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 OP_NAMESPACE = "edge_cpu_int4"
 
 
@@ -42,25 +45,27 @@ def cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def library_path(source: Path = W4A8_AVX2_SOURCE, flags: tuple[str, ...] = W4A8_AVX2_FLAGS) -> Path:
+def library_path(files: tuple[Path, ...] = SOURCES + HEADERS, flags: tuple[str, ...] = COMPILE_FLAGS) -> Path:
     digest = hashlib.sha256()
-    digest.update(source.read_bytes())
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     digest.update(" ".join(flags).encode())
     digest.update(torch.__version__.encode())
-    return cache_dir() / f"{source.stem}-{digest.hexdigest()[:16]}.so"
+    return cache_dir() / f"{OP_NAMESPACE}-{digest.hexdigest()[:16]}.so"
 
 
 def x86_64() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
-def build_w4a8_avx2(verbose: bool = False) -> Path:
-    """Compile the AVX2 W4A8 kernel if this source/torch has no library yet; its path."""
+def build_library(verbose: bool = False) -> Path:
+    """Compile the kernel library if these sources/torch have none yet; its path."""
     target = library_path()
     if target.exists():
         return target
     if not x86_64():
-        raise KernelBuildError(f"the AVX2 kernel is x86-64 only; this machine is {platform.machine()}")
+        raise KernelBuildError(f"the W4A8 kernels are x86-64 only; this machine is {platform.machine()}")
     from torch.utils import cpp_extension
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -69,8 +74,8 @@ def build_w4a8_avx2(verbose: bool = False) -> Path:
         try:
             cpp_extension.load(
                 name=name,
-                sources=[str(W4A8_AVX2_SOURCE)],
-                extra_cflags=list(W4A8_AVX2_FLAGS),
+                sources=[str(s) for s in SOURCES],
+                extra_cflags=list(COMPILE_FLAGS),
                 extra_ldflags=["-fopenmp"],
                 build_directory=build,
                 is_python_module=False,
@@ -78,7 +83,7 @@ def build_w4a8_avx2(verbose: bool = False) -> Path:
                 verbose=verbose,
             )
         except Exception as e:  # compiler missing, headers missing, a compile error
-            raise KernelBuildError(f"building {W4A8_AVX2_SOURCE.name} failed: {e}") from e
+            raise KernelBuildError(f"building {', '.join(s.name for s in SOURCES)} failed: {e}") from e
         built = Path(build) / f"{name}.so"
         if not built.exists():
             raise KernelBuildError(f"the build wrote no {built.name} in {build}")
@@ -87,7 +92,7 @@ def build_w4a8_avx2(verbose: bool = False) -> Path:
 
 
 @functools.cache
-def load_w4a8_avx2() -> tuple[bool, str]:
+def load_library() -> tuple[bool, str]:
     """(loaded, why not): load the built library into this process, once."""
     if hasattr(getattr(torch.ops, OP_NAMESPACE), "w4a8_mm"):  # namespaces exist lazily
         return True, "loaded"
@@ -110,7 +115,7 @@ def _register_fake() -> None:
     def output_shape(x, qweight, scales, offsets, group_size):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    for op in ("w4a8_mm", "w4a8_vnni_mm", "w4a8_vnni_rows16_mm"):
+    for op in ("w4a8_mm", "w4a8_vnni_rows16_mm"):
         torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(output_shape)
 
     def mlp_output_shape(x, gate_up_qweight, gate_up_scales, gate_up_offsets, gate_up_group_size,

@@ -1,5 +1,5 @@
-"""The W4A8 C++ ops (AVX2 and AVX-512 VNNI) against two references, their envelope, and the
-build cache.
+"""The W4A8 C++ ops (AVX2, and AVX-512 VNNI on the 16-row layout) against two references, their
+envelope, and the build cache.
 
 Two references, because the op has two error sources: against a PyTorch model of
 exactly what it computes (activations quantized per 32 the same way) it must
@@ -26,22 +26,20 @@ from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
     Avx512VnniRows16W4A8Kernel,
-    Avx512VnniW4A8Kernel,
     CpuFeatures,
     KernelUnavailableError,
     choose_kernel,
     native,
 )
 
-LOADED, WHY = native.load_w4a8_avx2()
+LOADED, WHY = native.load_library()
 needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WHY}")
-VNNI_OK, VNNI_WHY = Avx512VnniW4A8Kernel.can_implement(
+VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)
-needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8 cannot run here: {VNNI_WHY}")
+needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
 # Every variant of the op, each where this CPU runs it.
 W4A8_KERNELS = [
     pytest.param(Avx2W4A8Kernel, id="avx2"),
-    pytest.param(Avx512VnniW4A8Kernel, id="vnni", marks=needs_vnni),
     pytest.param(Avx512VnniRows16W4A8Kernel, id="vnni-rows16", marks=needs_vnni),
 ]
 
@@ -54,9 +52,8 @@ MODEL_TOLERANCE = 1e-5
 EXACT_TOLERANCE = 0.02
 OUTPUT_ROUNDING = {torch.float32: 0.0, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # (N, K, group): one block; N below any tile; N past a weight chunk with a remainder;
-# every group size; Qwen's down_proj K (8960 = 280 blocks); for the VNNI variant, which
-# takes blocks 16 at a time and in pairs, SmolLM2's K (576 = 18 blocks) and an odd count
-# past 16 (1120 = 35 blocks), and 36 blocks of groups of 2.
+# every group size; Qwen's down_proj K (8960 = 280 blocks); SmolLM2's K (576 = 18 blocks),
+# an odd block count past 16 (1120 = 35 blocks), and 36 blocks of groups of 2.
 SHAPES = [(1, 32, 32), (7, 64, 32), (37, 512, 64), (48, 512, 128), (40, 1024, 256), (24, 8960, 32),
           (40, 576, 32), (20, 1120, 32), (16, 1152, 64)]
 
@@ -126,9 +123,8 @@ def test_zero_rows_and_bias_and_3d(kernel_cls):
 
 
 @needs_op
-@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS[:2])
-def test_runs_on_the_stored_weights_without_a_copy(kernel_cls):
-    _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=kernel_cls)
+def test_avx2_runs_on_the_stored_weights_without_a_copy():
+    _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=Avx2W4A8Kernel)
     assert layer.qweight.data_ptr() == stored[0].data_ptr()
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
 
@@ -214,22 +210,22 @@ def test_rows16_op_refuses_n_off_the_tile():
 
 
 def test_vnni_variant_names_the_flags_a_cpu_lacks(monkeypatch):
-    import vllm_omni_edge.quantization.kernels.avx2_w4a8 as module
+    import vllm_omni_edge.quantization.kernels.w4a8_avx512 as module
 
     monkeypatch.setattr(module, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f"}))
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
-                                                 float_zero=True)
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
+                                                       float_zero=True)
     assert not ok and "lacks avx512bw, avx512vl, avx512dq, avx512_vnni" in why
     # Everything else in its envelope is the AVX2 variant's.
     monkeypatch.setattr(module, "cpu_flags", lambda: frozenset(module.VNNI_FLAGS))
-    ok, why = Avx512VnniW4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16)
+    ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16)
     assert not ok and "float offsets" in why
 
 
 def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):
     # A fresh interpreter: this one may have loaded the op already.
     code = ("import json; from vllm_omni_edge.quantization.kernels import native; "
-            "print(json.dumps(native.load_w4a8_avx2()))")
+            "print(json.dumps(native.load_library()))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, CACHE_ENV: str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -238,14 +234,16 @@ def test_unbuilt_library_is_a_reason_not_a_compile(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing compiled, nothing written
 
 
-def test_library_name_follows_source_and_flags(tmp_path, monkeypatch):
+def test_library_name_follows_every_source_the_header_and_flags(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    edited = tmp_path / "w4a8_avx2.cpp"
-    edited.write_bytes(native.W4A8_AVX2_SOURCE.read_bytes() + b"\n// edited\n")
+    files = native.SOURCES + native.HEADERS
     shipped = native.library_path()
     assert shipped.parent == tmp_path / "kernels"
-    assert native.library_path(edited) != shipped
-    assert native.library_path(flags=native.W4A8_AVX2_FLAGS + ("-g",)) != shipped
+    for i, path in enumerate(files):
+        edited = tmp_path / path.name
+        edited.write_bytes(path.read_bytes() + b"\n// edited\n")
+        assert native.library_path(files[:i] + (edited,) + files[i + 1:]) != shipped, path.name
+    assert native.library_path(flags=native.COMPILE_FLAGS + ("-g",)) != shipped
 
 
 @needs_op
@@ -284,6 +282,18 @@ def test_a_failed_build_is_a_named_error_and_leaves_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(cpp_extension, "load", broken_compiler)
     if not native.x86_64():
         pytest.skip("the C++ kernel is x86-64 only")
-    with pytest.raises(native.KernelBuildError, match="w4a8_avx2.cpp failed: g\\+\\+: command not found"):
-        native.build_w4a8_avx2()
+    with pytest.raises(native.KernelBuildError, match="w4a8_avx2.cpp, w4a8_avx512.cpp failed: g\\+\\+: command not found"):
+        native.build_library()
     assert list(native.cache_dir().iterdir()) == []  # no library, no temporary build directory
+
+
+def test_the_wheel_ships_every_file_the_build_compiles():
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(native.__file__).resolve().parents[3]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vllm_omni_edge"]
+    for path in native.SOURCES + native.HEADERS:
+        relative = path.resolve().relative_to(root / "vllm_omni_edge").as_posix()
+        assert any(fnmatch.fnmatch(relative, g) for g in globs), f"{relative} is not in the package data"

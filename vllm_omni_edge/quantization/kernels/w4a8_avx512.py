@@ -1,16 +1,11 @@
-"""W4A8 on AVX2: our C++ op ``edge_cpu_int4::w4a8_mm`` (``csrc/w4a8_avx2.cpp``).
+"""W4A8 on AVX-512 VNNI: our C++ ops on a 16-row interleaved layout (``csrc/w4a8_avx512.cpp``).
 
-llama.cpp's Q4_1 x Q8_1 dot product on our stored format: weights stay as they
-are on disk (uint8 [N, K/2] plus bf16 scale and offset per group: no repack, no
-second copy); each call quantizes the activation rows to int8 per block of 32
-(absmax / 127) and multiplies with ``maddubs``. Results therefore carry the
-activation rounding on top of the weight error; the fidelity grids measure it.
-
-Envelope: float offsets (format 2; integer zero points take ``int4pack``), group
-sizes that are multiples of 32 (32/64/128/256), K a multiple of the group, any
-N, fp32/bf16/fp16 activations, an x86-64 CPU with AVX2 and FMA, and the library
-built on this machine (``vllm-omni-edge build-kernels``). The second layout
-(``VLLM_OMNI_EDGE_INT4_LAYOUTS=two``) works as it does for ``int4pack``.
+``avx512_w4a8_rows16`` runs a linear (``edge_cpu_int4::w4a8_vnni_rows16_mm``): the same
+integer math as ``avx2_w4a8`` (int8 activations per 32, unsigned 4-bit weights, exact float
+offset term) with ``vpdpbusd``, on the stored triple rearranged once at load. The same op
+prefills on a bf16 GEMM from that layout where the CPU has AMX (``VLLM_OMNI_EDGE_INT4_PREFILL``).
+``silu_mlp`` runs a gated SiLU MLP whose two linears are on this kernel as one op
+(``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp``; ``patches/worker/fused_silu_mlp.py`` uses it).
 """
 
 from __future__ import annotations
@@ -19,80 +14,11 @@ import torch
 
 from vllm_omni_edge.cpu_features import CpuFeatures, cpu_flags
 from vllm_omni_edge.levers import int4_prefill_mode
-from vllm_omni_edge.quantization.kernels import native
-from vllm_omni_edge.quantization.kernels.base import (
-    Int4Kernel,
-    as_2d,
-    dense_prefill,
-    keep_dense_copy_if_asked,
-    set_weight,
-)
+from vllm_omni_edge.quantization.kernels.base import as_2d, keep_dense_copy_if_asked, set_weight
+from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
 
-ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# What the VNNI variant's target attribute asks of the CPU (Linux /proc/cpuinfo names).
+# What the op's target attribute asks of the CPU (Linux /proc/cpuinfo names).
 VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
-
-
-class Avx2W4A8Kernel(Int4Kernel):
-    name = "avx2_w4a8"
-
-    @classmethod
-    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
-        if not float_zero:
-            return False, "needs float offsets (format 2); integer zero points run on int4pack"
-        if not features.capability.startswith(("AVX2", "AVX512", "AMX")):
-            return False, f"needs AVX2 (PyTorch dispatch level here: {features.capability})"
-        if group_size % 32 or K % group_size:
-            return False, f"group size {group_size} must be a multiple of 32 dividing K={K}"
-        if act_dtype not in ACT_DTYPES:
-            return False, f"activation dtype {act_dtype} not supported"
-        loaded, why = native.load_w4a8_avx2()
-        if not loaded:
-            return False, f"C++ op {why}"
-        return True, "W4A8 AVX2 (int8 activations per 32, maddubs)"
-
-    def process_weights(self, layer):
-        keep_dense_copy_if_asked(layer)
-        # The stored triple is the kernel's layout; only make the dtypes exact.
-        set_weight(layer, "scales", layer.scales.data.to(torch.bfloat16).contiguous())
-        set_weight(layer, "zeros", layer.zeros.data.to(torch.bfloat16).contiguous())
-
-    @staticmethod
-    def op():
-        return torch.ops.edge_cpu_int4.w4a8_mm
-
-    def apply(self, layer, x, bias):
-        x2 = as_2d(x, layer.int4_in_features)
-        out = dense_prefill(layer, x2)
-        if out is None:
-            out = self.op()(x2, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size)
-        if bias is not None:
-            out = out + bias
-        return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-class Avx512VnniW4A8Kernel(Avx2W4A8Kernel):
-    """The same W4A8 product with ``vpdpbusd`` (``edge_cpu_int4::w4a8_vnni_mm``): two 32-blocks
-    per 512-bit register, scales applied 16 blocks per vector. Same integer dot products as
-    ``avx2_w4a8``, so the same numerics up to fp32 summation order."""
-
-    name = "avx512_w4a8"
-
-    @classmethod
-    def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
-        missing = [f for f in VNNI_FLAGS if f not in cpu_flags()]
-        if missing:
-            return False, f"needs AVX-512 VNNI (this CPU lacks {', '.join(missing)})"
-        ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
-        if not ok:
-            return ok, why
-        return True, "W4A8 AVX-512 VNNI (int8 activations per 32, vpdpbusd)"
-
-    @staticmethod
-    def op():
-        return torch.ops.edge_cpu_int4.w4a8_vnni_mm
-
-
 # Weight rows per tile of the interleaved layout: one int32 lane of a 512-bit vpdpbusd each.
 TILE_ROWS = 16
 
@@ -133,8 +59,7 @@ def prefill_min_rows(features: CpuFeatures) -> int:
     ``auto`` takes it only where the CPU has AMX: without AMX oneDNN's bf16 matmul
     (avx512_core_bf16 or below) is no faster than the W4A8 tiles, so they keep prefill.
     """
-    # Without AMX (EPYC Zen 4, avx512_core_bf16), one core, 512 rows, Qwen2.5-1.5B's four
-    # linears of a layer: W4A8 tiles 190 ms, this path 236 ms, a dense bf16 torch.mm 228 ms.
+    # The measurement behind "no faster without AMX": docs/edge/cpu-4bit.md (bf16 prefill).
     mode = int4_prefill_mode()
     if mode == "w4a8" or (mode == "auto" and not features.amx):
         return 0
@@ -155,7 +80,7 @@ def prefill_path_summary(rows: int) -> str:
             f"(scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)")
 
 
-class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
+class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
     """W4A8 with ``vpdpbusd`` on a 16-row interleaved layout (``edge_cpu_int4::w4a8_vnni_rows16_mm``).
 
     The stored triple is rearranged once at load (same bytes, one layout) so that each int32
@@ -170,6 +95,9 @@ class Avx512VnniRows16W4A8Kernel(Avx512VnniW4A8Kernel):
 
     @classmethod
     def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
+        missing = [f for f in VNNI_FLAGS if f not in cpu_flags()]
+        if missing:
+            return False, f"needs AVX-512 VNNI (this CPU lacks {', '.join(missing)})"
         ok, why = super().can_implement(features, group_size, K, N, act_dtype, float_zero=float_zero)
         if not ok:
             return ok, why

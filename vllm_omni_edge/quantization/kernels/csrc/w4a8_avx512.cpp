@@ -1,0 +1,505 @@
+// W4A8 with AVX-512 VNNI on a 16-row interleaved layout, the bf16 prefill path from that
+// layout, and a gated SiLU MLP on it: the same cpu_int4 weights and int8 activations per block
+// of 32 as w4a8_avx2.cpp (the same integer dot products, vpdpbusd instead of maddubs).
+//
+// Ops: w4a8_vnni_rows16_mm (a linear), w4a8_vnni_rows16_silu_mlp (down(silu(gate) * up) in one
+// call), interleave_rows16 (the stored layout to the 16-row one, at load), rows16_dequantize,
+// set_bf16_prefill and rows16_path_counts (the prefill path's setting and counters).
+// The vector functions carry their own target attribute, so the library still loads, and
+// w4a8_mm still runs, on AVX2-only CPUs; these ops refuse to run on a CPU without VNNI.
+#include "w4a8_common.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+namespace {
+
+using namespace edge_cpu_int4;
+
+#define EDGE_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// 16 activations as fp32 lanes.
+EDGE_VNNI inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+EDGE_VNNI inline __m512 load16(const double* x) {
+  const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd(x));
+  const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd(x + 8));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+EDGE_VNNI inline __m512 load16(const c10::Half* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+EDGE_VNNI inline __m512 load16(const c10::BFloat16* x) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// One activation row to int8 per block of 32 (absmax / 127), in k order: the values
+// w4a8_avx2.cpp's quantize_row gives (which writes them in the nibble order), up to the fp32
+// order of the block sums; cvtps rounds to nearest even, as nearbyint does. Vectorised: the
+// scalar loop was a fifth of a decode call at SmolLM2's K.
+template <typename T>
+EDGE_VNNI void quantize_row_vnni(const T* x, int64_t K, int64_t group_size, int8_t* q,
+                                 float* block_scale, float* group_sum) {
+  const int64_t blocks_per_group = group_size / kBlock;
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const __m512 v0 = load16(x + b * kBlock);
+    const __m512 v1 = load16(x + b * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float d = amax / 127.f;
+    const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kBlock + 16),
+                     _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+    block_scale[b] = d;
+    const float sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+    const int64_t g = b / blocks_per_group;
+    group_sum[g] = (b % blocks_per_group ? group_sum[g] : 0.f) + sum;
+  }
+}
+
+// The 16-row interleaved layout (w4a8_vnni_rows16_mm). Within a tile of 16 weight rows, block
+// b of 32 k is 4 chunks of 64 bytes; byte 4j + i of chunk c holds row j's k = 8c + i (low
+// nibble) and k = 8c + 4 + i (high nibble). One vpdpbusd then multiplies 16 rows by 4 k with
+// the 4 activations broadcast: int32 lane j is row j, so a tile ends as 16 finished outputs
+// with no horizontal sum, and every weight byte is used by one instruction (a per-row layout
+// would reduce each row across lanes and move scales between lanes per block pair).
+// Scales and offsets of a tile are [group][16 rows], so one widen gives the 16 rows' values.
+constexpr int64_t kTileBlockBytes = kTileRows * kBlock / 2;  // 256
+
+// bf16 x 16 -> fp32 lanes.
+EDGE_VNNI inline __m512 widen_bf16x16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// One tile (16 weight rows) against R activation rows; outputs to out[r * N + j].
+template <int R, typename T>
+EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+                           int64_t K, int64_t group_size, const QuantizedActivations& a,
+                           int64_t row0, T* out, int64_t N) {
+  const int64_t blocks = K / kBlock;
+  const int64_t groups = K / group_size;
+  const int64_t blocks_per_group = group_size / kBlock;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i zero = _mm512_setzero_si512();
+  const int32_t* q[R];
+  const float* qs[R];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) {
+    q[r] = reinterpret_cast<const int32_t*>(a.q + (row0 + r) * K);
+    qs[r] = a.block_scale + (row0 + r) * blocks;
+    const float* gs = a.group_sum + (row0 + r) * groups;
+    acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {  // offset term: m_j,g * sum of x over group g
+      acc[r] = _mm512_fmadd_ps(widen_bf16x16(offset + g * kTileRows), _mm512_set1_ps(gs[g]), acc[r]);
+    }
+  }
+  __m512 wscale = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = w + b * kTileBlockBytes;
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(wb + c * 64);
+      lo[c] = _mm512_and_si512(v, low4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    if (b % blocks_per_group == 0) wscale = widen_bf16x16(scale + (b / blocks_per_group) * kTileRows);
+    for (int r = 0; r < R; ++r) {
+      const int32_t* x = q[r] + b * (kBlock / 4);  // 8 groups of 4 int8
+      // Two chains of four: one chain of eight waits on vpdpbusd's latency.
+      __m512i even = _mm512_dpbusd_epi32(zero, lo[0], _mm512_set1_epi32(x[0]));
+      __m512i odd = _mm512_dpbusd_epi32(zero, hi[0], _mm512_set1_epi32(x[1]));
+      for (int c = 1; c < 4; ++c) {
+        even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(x[2 * c]));
+        odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(x[2 * c + 1]));
+      }
+      const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(wscale, _mm512_set1_ps(qs[r][b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[kTileRows];
+    _mm512_store_ps(lanes, acc[r]);
+    for (int64_t j = 0; j < kTileRows; ++j) out[r * N + j] = static_cast<T>(lanes[j]);
+  }
+}
+
+// All tiles of a 16-row interleaved weight [N, K/2] against the M quantized activation rows;
+// out is [M, N]. A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all
+// activation rows pass over them, kRowTile at a time.
+template <typename T>
+EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const uint16_t* scale,
+                            const uint16_t* offset, int64_t K, int64_t N, int64_t group_size, T* out) {
+  const int64_t groups = K / group_size;
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tw = w + t * kTileRows * (K / 2);
+      const uint16_t* ts = scale + t * kTileRows * groups;
+      const uint16_t* to = offset + t * kTileRows * groups;
+      for (int64_t m = 0; m < M; m += kRowTile) {
+        with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+          tile_rows16<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, out + m * N + t * kTileRows, N);
+        });
+      }
+    }
+  });
+}
+
+// e^x for 16 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its degree-6
+// Taylor polynomial (relative error < 2e-7, below bf16's 4e-3 rounding of the result).
+EDGE_VNNI inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.f)), _mm512_set1_ps(-88.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718055994531f));  // f ln 2
+  __m512 p = _mm512_set1_ps(1.f / 720);
+  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// h = silu(gate) * up per element, in fp32, rounded to T: what vLLM's SiluAndMul computes
+// from the same T inputs.
+template <typename T>
+EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
+  alignas(64) float lanes[16];
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 g = load16(gate + i);
+    const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_store_ps(lanes, _mm512_mul_ps(_mm512_mul_ps(g, sig), load16(up + i)));
+    for (int j = 0; j < 16; ++j) h[i + j] = static_cast<T>(lanes[j]);
+  }
+}
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+// Rows of x [M, K] into the buffer in k order (the 16-row layout's activations).
+template <typename T>
+EDGE_VNNI void quantize_rows_vnni(const T* x, int64_t M, int64_t K, int64_t group_size, const ActivationBuffer& buffer) {
+  const int64_t groups = K / group_size;
+  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      quantize_row_vnni(x + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
+                        buffer.group_sum + m * groups);
+    }
+  });
+}
+
+// Prefill on a bf16 GEMM straight from the 16-row layout (no resident dense copy).
+// From `min_rows` activation rows up, bf16 activations, the rows16 ops dequantize a block of
+// weight rows at a time into a per-thread bf16 scratch [K, rows] and hand it to at::mm, i.e.
+// oneDNN's matmul: on an AMX CPU its avx512_core_amx kernels, on others avx512_core_bf16 or
+// below. The weights are exactly int4.dequantize()'s bf16 weights; the product differs from
+// the W4A8 path only in skipping the int8 activation rounding (bf16 inputs, fp32 sums).
+// Decode (fewer rows) keeps the W4A8 tiles: the dequantization costs O(N K) per call, paid
+// back only over many rows. Set once per process (set_bf16_prefill, from Python at load);
+// min_rows 0 (the library's default) means never.
+std::atomic<int64_t> g_prefill_min_rows{0};
+// Bytes of one dequantized block; rows per block = bytes / (2 K), a multiple of kTileRows.
+std::atomic<int64_t> g_prefill_block_bytes{4 << 20};
+// Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 GEMM.
+std::atomic<int64_t> g_rows16_calls[2];
+
+void set_bf16_prefill(int64_t min_rows, int64_t block_bytes) {
+  TORCH_CHECK(min_rows >= 0, "set_bf16_prefill: min_rows must be >= 0 (0 = off), got ", min_rows);
+  TORCH_CHECK(block_bytes > 0, "set_bf16_prefill: block_bytes must be > 0, got ", block_bytes);
+  g_prefill_min_rows = min_rows;
+  g_prefill_block_bytes = block_bytes;
+}
+
+std::vector<int64_t> rows16_path_counts() { return {g_rows16_calls[0].load(), g_rows16_calls[1].load()}; }
+
+bool bf16_prefill(const at::Tensor& x) {
+  const int64_t min_rows = g_prefill_min_rows.load(std::memory_order_relaxed);
+  const bool prefill = min_rows > 0 && x.size(0) >= min_rows && x.scalar_type() == at::kBFloat16;
+  g_rows16_calls[prefill].fetch_add(1, std::memory_order_relaxed);
+  return prefill;
+}
+
+// fp32 -> bf16 bits, round to nearest even (as torch's .to(bfloat16); no NaNs here).
+EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// 32 k (block b) of one tile (16 weight rows) of the 16-row layout, dequantized, into rows
+// 32b .. 32b + 31, columns 0..15, of dst [K, ld]: int32 lane j of a 64-byte chunk c is row j,
+// its byte i holds k = 32b + 8c + i (low nibble) and 32b + 8c + 4 + i (high nibble), so each
+// shift gives one k for all 16 rows. q * scale + offset with one rounding (q * scale is exact
+// in fp32), then bf16: int4.dequantize()'s values.
+// (Vectors are not passed across the call: the lambdas that call it lack the AVX-512 target.)
+EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset, uint16_t* d,
+                                     int64_t ld) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld),
+                          to_bf16x16(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, m)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld),
+                          to_bf16x16(_mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), s, m)));
+    }
+  }
+}
+
+// The same with AVX512_BF16's vcvtne2ps2bf16 (two vectors to bf16 in one instruction, also
+// round to nearest even): AMX CPUs all have it.
+#define EDGE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
+EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset,
+                                          uint16_t* d, int64_t ld) {
+  const __m512i low4 = _mm512_set1_epi32(0x0F);
+  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4)), s, m);
+      const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4)), s, m);
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // [lo x16, hi x16]
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld), _mm512_castsi512_si256(both));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld), _mm512_extracti64x4_epi64(both, 1));
+    }
+  }
+}
+
+bool cpu_has_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
+// Tiles [t0, t1) of a 16-row weight, dequantized into dst [K, (t1 - t0) * 16]. Threads split K
+// (blocks of 32); each block goes across all the tiles, so its 32 rows of dst are written
+// whole, in order (tile by tile across the full K, the writes strode a row apart).
+void dequantize_rows16_block(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
+                             int64_t group_size, int64_t t0, int64_t t1, uint16_t* dst, bool portable = false) {
+  const int64_t groups = K / group_size, ld = (t1 - t0) * kTileRows;
+  const int64_t blocks_per_group = group_size / kBlock;
+  static const bool native_bf16 = cpu_has_bf16();
+  const auto tile_block = native_bf16 && !portable ? dequantize_tile_block_bf16 : dequantize_tile_block;
+  at::parallel_for(0, K / kBlock, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t g = b / blocks_per_group;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t rows = t * kTileRows;
+        tile_block(w + rows * (K / 2) + b * kTileBlockBytes,
+                              scale + rows * groups + g * kTileRows, offset + rows * groups + g * kTileRows,
+                              dst + b * kBlock * ld + (t - t0) * kTileRows, ld);
+      }
+    }
+  });
+}
+
+// Weight rows per dequantized block for an input of K features: the block's bytes within
+// g_prefill_block_bytes, whole tiles, at least one.
+int64_t prefill_block_rows(int64_t K, int64_t N) {
+  const int64_t rows = g_prefill_block_bytes.load(std::memory_order_relaxed) / (2 * K) / kTileRows * kTileRows;
+  return std::min(N, std::max(kTileRows, rows));
+}
+
+// out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight. The threads split N (whole
+// tiles) in one parallel region; each walks its share block by block: dequantize the block into
+// its own scratch (in its core's L2), then at::mm writes the block's columns of out (oneDNN runs
+// single-threaded inside the region). One fork/join per call: two per block (dequantize on all
+// threads, then a threaded at::mm) measured far slower (docs/edge/cpu-4bit.md). Each
+// thread keeps its scratch between calls (grown, never shrunk): at most g_prefill_block_bytes,
+// rounded up to one tile of 16 rows.
+void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
+                    int64_t K, int64_t N, int64_t group_size, at::Tensor& out) {
+  const int64_t block_tiles = prefill_block_rows(K, N) / kTileRows;
+  const at::ThreadLocalState tls;  // inference mode and dispatch state, for the worker threads
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    at::ThreadLocalStateGuard tls_guard(tls);
+    thread_local at::Tensor scratch;
+    const int64_t elements = std::min(block_tiles, end - begin) * kTileRows * K;
+    if (!scratch.defined() || scratch.numel() < elements) {
+      scratch = at::empty({elements}, x.options().dtype(at::kBFloat16));
+    }
+    uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.data_ptr<at::BFloat16>());
+    for (int64_t t0 = begin; t0 < end; t0 += block_tiles) {
+      const int64_t t1 = std::min(end, t0 + block_tiles), rows = (t1 - t0) * kTileRows;
+      dequantize_rows16_block(w, scale, offset, K, group_size, t0, t1, dst);  // serial: inside the region
+      at::Tensor columns = out.narrow(1, t0 * kTileRows, rows);
+      at::mm_out(columns, x, scratch.narrow(0, 0, rows * K).view({K, rows}));
+    }
+  });
+}
+
+// The 16-row weight [N, K/2] dequantized to bf16 [K, N], as the prefill GEMM reads it (tests: the
+// transpose of int4.dequantize's bf16 values, exactly; timing the dequantization alone).
+// portable: without AVX512_BF16 instructions even where the CPU has them (tests both).
+at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
+                             int64_t group_size, bool portable) {
+  const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
+  check_weight("rows16_dequantize", qweight, scales, offsets, K, group_size, true);
+  const at::Tensor w = qweight.contiguous(), s = scales.contiguous(), o = offsets.contiguous();
+  at::Tensor kn = at::empty({K, N}, scales.options());
+  dequantize_rows16_block(w.data_ptr<uint8_t>(), bf16_bits(s), bf16_bits(o), K, group_size, 0, N / kTileRows,
+                          reinterpret_cast<uint16_t*>(kn.data_ptr<at::BFloat16>()), portable);
+  return kn;
+}
+
+// Weights, scales and offsets in the 16-row interleaved layout (see tile_rows16); the
+// kernel class makes it from the stored triple at load time.
+at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                               const at::Tensor& offsets, int64_t group_size) {
+  static const bool supported = cpu_has_vnni();
+  TORCH_CHECK(supported, "w4a8_vnni_rows16_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
+  TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_mm: x must be 2-D [M, K], got ", x.sizes());
+  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
+  check_weight("w4a8_vnni_rows16_mm", qweight, scales, offsets, K, group_size, true);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor w = qweight.contiguous();
+  const at::Tensor s = scales.contiguous();
+  const at::Tensor o = offsets.contiguous();
+
+  at::Tensor out = at::empty({M, N}, x.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint16_t* sp = bf16_bits(s);
+  const uint16_t* op = bf16_bits(o);
+  if (bf16_prefill(xc)) {
+    rows16_bf16_mm(xc, wp, sp, op, K, N, group_size, out);
+    return out;
+  }
+  const ActivationBuffer buffer(M, K, group_size, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_mm", [&] {
+    quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, K, group_size, buffer);
+    rows16_tiles(buffer.activations(), M, wp, sp, op, K, N, group_size, out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// A gated SiLU MLP in one call: down(silu(gate) * up) with gate/up one merged linear
+// [2I, H/2] (gate rows first, as vLLM's MergedColumnParallelLinear holds them) and down
+// [N, I/2], both in the 16-row layout. The same products and roundings as the three calls
+// it replaces (gate_up, SiluAndMul, down), without two op dispatches, the intermediate
+// tensors and an inductor kernel per layer: at decode those fixed costs are about as large
+// as the small model's matrix work.
+at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate_up_qweight,
+                                     const at::Tensor& gate_up_scales, const at::Tensor& gate_up_offsets,
+                                     int64_t gate_up_group_size, const at::Tensor& down_qweight,
+                                     const at::Tensor& down_scales, const at::Tensor& down_offsets,
+                                     int64_t down_group_size) {
+  static const bool supported = cpu_has_vnni();
+  TORCH_CHECK(supported, "w4a8_vnni_rows16_silu_mlp: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
+  TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_silu_mlp: x must be 2-D [M, H], got ", x.sizes());
+  const int64_t M = x.size(0), H = x.size(1);
+  check_weight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, gate_up_scales, gate_up_offsets, H,
+               gate_up_group_size, true);
+  TORCH_CHECK(gate_up_qweight.size(0) % 2 == 0, "w4a8_vnni_rows16_silu_mlp: gate_up has an odd row count");
+  const int64_t I = gate_up_qweight.size(0) / 2;
+  check_weight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, down_scales, down_offsets, I, down_group_size,
+               true);
+  const int64_t N = down_qweight.size(0);
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
+  const at::Tensor gs = gate_up_scales.contiguous(), go = gate_up_offsets.contiguous();
+  const at::Tensor ds = down_scales.contiguous(), dz = down_offsets.contiguous();
+  at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
+  const at::Tensor h = at::empty({M, I}, x.options());
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (bf16_prefill(xc)) {
+    using bf16 = at::BFloat16;
+    rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gate_up);
+    const bf16* gu = gate_up.data_ptr<bf16>();
+    bf16* hp = h.data_ptr<bf16>();
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+    });
+    rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size, out);
+    return out;
+  }
+  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
+  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_silu_mlp", [&] {
+    scalar_t* gu = gate_up.data_ptr<scalar_t>();
+    scalar_t* hp = h.data_ptr<scalar_t>();
+    quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
+    rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gu);
+    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+    });
+    quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
+    rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size,
+                 out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// The stored qweight [N, K/2] in the 16-row layout tile_rows16 reads, same shape and bytes:
+// per tile of 16 rows and block b of 32 k, 4 chunks c of 64 bytes; byte 4j + i of chunk c
+// holds row j's k = 32b + 8c + i (low nibble) and k = 32b + 8c + 4 + i (high nibble).
+// So stored word w = 4b + c of row j (k = 32b + 8c .. + 7, nibbles in k order) becomes word
+// j of chunk c of block b with its nibbles perfect-shuffled: [k0 k4 k1 k5 k2 k6 k3 k7].
+// Done once per linear at load, in C++: as torch ops (unpack, a 6-D permute, repack) it was
+// a sizeable part of a start (docs/edge/cpu-4bit.md).
+inline uint32_t shuffle_nibbles(uint32_t x) {
+  uint32_t t = (x ^ (x >> 8)) & 0x0000FF00u;  // [a0 a1 a2 a3 b0 b1 b2 b3] -> [a0 a1 b0 b1 a2 a3 b2 b3]
+  x ^= t ^ (t << 8);
+  t = (x ^ (x >> 4)) & 0x00F000F0u;  // -> [a0 b0 a1 b1 a2 b2 a3 b3]
+  return x ^ t ^ (t << 4);
+}
+
+at::Tensor interleave_rows16(const at::Tensor& qweight) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
+              "interleave_rows16: qweight must be uint8 [N, K/2], got ", qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t N = qweight.size(0), half_k = qweight.size(1);
+  TORCH_CHECK(N % kTileRows == 0, "interleave_rows16: N must be a multiple of ", kTileRows, ", got N=", N);
+  TORCH_CHECK(half_k % (kBlock / 2) == 0, "interleave_rows16: K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
+  const at::Tensor q = qweight.contiguous();
+  at::Tensor out = at::empty_like(q);
+  const uint8_t* src = q.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t words = half_k / 4;  // per row; 4 per block of 32 k
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* tile = dst + t * kTileRows * half_k;
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        const uint8_t* row = src + (t * kTileRows + j) * half_k;
+        for (int64_t w = 0; w < words; ++w) {
+          uint32_t word;
+          std::memcpy(&word, row + 4 * w, 4);
+          word = shuffle_nibbles(word);
+          std::memcpy(tile + (w / 4) * kTileRows * (kBlock / 2) + (w % 4) * 64 + 4 * j, &word, 4);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
+  m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+  m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
+        "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
+        "Tensor down_offsets, int down_group_size) -> Tensor");
+  m.def("interleave_rows16(Tensor qweight) -> Tensor");
+  m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False) -> Tensor");
+  m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
+  m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
+}
+
+TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
+  m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
+  m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
+  m.impl("interleave_rows16", &interleave_rows16);
+  m.impl("rows16_dequantize", &rows16_dequantize);
+}
