@@ -258,5 +258,29 @@ def test_the_report_renders_speech_figures(fake_speech_engine, tmp_path, monkeyp
     monkeypatch.setattr(pass_speech, "prepare_spec", prepare)
     runner.run_grid(grid, "", tmp_path / "out", quiet_options())
     text = write_report(tmp_path / "out").read_text()
-    assert "speech RTF@2 (↑)" in text and "x real time" in text
+    assert "speech RTF@2 (↑)" in text and "× real time" in text
     assert "## Speech" in text and "| fw (control) |" in text
+
+
+# --- smoke runs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--passes", "1"], "passes"),                      # below the minimum without --smoke
+    (["--smoke", "--passes", "3"], "--smoke takes --passes 1 or 2"),
+])
+def test_fewer_than_three_passes_only_as_a_smoke_run(flags, says, capsys):
+    from vllm_omni_edge_bench.harness import cli
+
+    assert cli.main(["run", str(GRID), "--check", *flags]) == cli.EXIT_BAD_GRID
+    assert says in capsys.readouterr().err
+
+
+def test_a_smoke_run_is_headed_so_in_the_report(fake_speech_engine, tmp_path, monkeypatch):
+    from vllm_omni_edge_bench.harness.report import write_report
+
+    grid, prepare, pass_speech = _fake_grid(tmp_path)
+    monkeypatch.setattr(pass_speech, "prepare_spec", prepare)
+    runner.run_grid(grid.model_copy(update={"passes": 1}), "", tmp_path / "out", quiet_options(),
+                    overrides={"smoke": True, "passes": 1})
+    assert "**Smoke run**" in write_report(tmp_path / "out").read_text()

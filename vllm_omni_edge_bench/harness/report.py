@@ -60,6 +60,8 @@ def format_value(value: float, unit: str) -> str:
         return f"{value:,.2f} s"
     if unit == "fraction":
         return f"{value:.3f}"
+    if unit == "x real time":
+        return f"{value:,.2f}× real time"
     return f"{value:,.4g} {unit}"
 
 
