@@ -284,3 +284,9 @@ def test_a_smoke_run_is_headed_so_in_the_report(fake_speech_engine, tmp_path, mo
     runner.run_grid(grid.model_copy(update={"passes": 1}), "", tmp_path / "out", quiet_options(),
                     overrides={"smoke": True, "passes": 1})
     assert "**Smoke run**" in write_report(tmp_path / "out").read_text()
+
+
+def test_speech_figures_are_the_passes_figure_records():
+    from vllm_omni_edge_bench.harness.pass_common import figure
+
+    assert speech.figure(2.5, "s", "lower", "src") == figure(2.5, "s", "lower", "src")

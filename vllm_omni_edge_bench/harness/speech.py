@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni_edge_bench.harness.pass_common import figure
-
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FIXTURES = "tests/fixtures/speech"
 SAMPLE_RATE = 16000
@@ -44,6 +42,11 @@ RTF_SOURCE = ("wall clock: audio seconds of every request / seconds from the str
               "to the last answer")
 LATENCY_SOURCE = "wall clock: median over requests of request start to its whole answer"
 WER_SOURCE = "jiwer corpus WER of normalised references and transcripts (vllm_omni_edge_bench/harness/speech.py)"
+
+
+def figure(value: float, unit: str, better: str, source: str) -> dict[str, Any]:
+    """A figure record, as pass_common.figure makes it (not imported: grid.py imports this module)."""
+    return {"value": value, "unit": unit, "better": better, "source": source}
 
 
 class SpeechFixtureError(ValueError):
