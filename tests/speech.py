@@ -1,7 +1,8 @@
 """The speech fixtures (tests/fixtures/speech) and how a transcript is scored.
 
-Scoring: word error rate from jiwer over the normalised reference and hypothesis. The
-normalisation, applied to both sides, is exactly:
+Scoring is the harness's (vllm_omni_edge_bench/harness/speech.py), so a test and a grid score a
+transcript the same way: word error rate from jiwer over the normalised reference and
+hypothesis. The normalisation, applied to both sides, is exactly:
 
 1. Unicode NFKC, then lower case.
 2. Every character that is not a letter, a digit or whitespace becomes a space
@@ -13,9 +14,9 @@ No number, spelling or contraction rewriting (the sentences avoid digits and con
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from pathlib import Path
+
+from vllm_omni_edge_bench.harness.speech import normalise, wer  # noqa: F401  (the one scoring)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "speech"
 
@@ -32,16 +33,3 @@ def sentences() -> dict[str, str]:
 
 def wav(key: str) -> Path:
     return FIXTURES / f"{key}.wav"
-
-
-def normalise(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).lower()
-    text = "".join(ch if ch.isalnum() or ch.isspace() else " " for ch in text)
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def wer(references: list[str], hypotheses: list[str]) -> float:
-    """Corpus WER (errors over all reference words) of the normalised texts."""
-    import jiwer
-
-    return jiwer.wer([normalise(r) for r in references], [normalise(h) for h in hypotheses])

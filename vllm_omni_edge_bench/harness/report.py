@@ -60,6 +60,8 @@ def format_value(value: float, unit: str) -> str:
         return f"{value:,.2f} s"
     if unit == "fraction":
         return f"{value:.3f}"
+    if unit == "x real time":
+        return f"{value:,.2f}× real time"
     return f"{value:,.4g} {unit}"
 
 
@@ -78,11 +80,33 @@ def _llamacpp_backend(result: dict[str, Any], workers: list[dict[str, Any]]) -> 
     return ", ".join(str(p) for p in parts)
 
 
+IN_PROCESS_SPEECH = ("faster-whisper", "whispercpp")
+
+
+def _speech_backend(result: dict[str, Any], workers: list[dict[str, Any]]) -> str:
+    """faster-whisper / whisper.cpp: version, effective compute type or file type, threads, concurrency."""
+    if not workers:
+        return f"{result.get('engine')} (no evidence)"
+    w = workers[0]
+    if w.get("engine") == "faster-whisper":
+        parts = [f"faster-whisper {w.get('faster_whisper')} (CTranslate2 {w.get('ctranslate2')})",
+                 f"compute {w.get('compute_type')}", f"{w.get('cpu_threads')} threads x {w.get('num_workers')} workers"]
+    elif w.get("engine") == "whispercpp":
+        simd = [f for f in ("AVX512", "AVX2", "AVX") if f"{f} = 1" in (w.get("system_info") or "")]
+        parts = [f"whisper.cpp (pywhispercpp {w.get('pywhispercpp')})", simd[0] if simd else "scalar",
+                 f"ggml {w.get('ftype')}", f"{w.get('n_threads')} threads", "one context"]
+    else:
+        parts = [str(w.get("engine"))]
+    return ", ".join(str(p) for p in parts)
+
+
 def backend_of_pass(record: dict[str, Any]) -> str:
     """What ran, from the worker's evidence; what was configured only if there is none."""
     result = record.get("result") or {}
     if result.get("engine") == "llamacpp":
         return _llamacpp_backend(result, (record.get("evidence") or {}).get("workers") or [])
+    if result.get("engine") in IN_PROCESS_SPEECH:
+        return _speech_backend(result, (record.get("evidence") or {}).get("workers") or [])
     capability = (result.get("versions") or {}).get("cpu_capability", "?")
     workers = (record.get("evidence") or {}).get("workers") or []
     if not workers:
@@ -121,6 +145,9 @@ def _header(art: dict[str, Any]) -> list[str]:
     sha = (git.get("sha") or "no commit")[:12] + (" (dirty)" if git.get("dirty") else "")
     packages = ", ".join(f"{k} {v or 'not installed'}" for k, v in (prov.get("packages") or {}).items())
     lines = [f"# {grid['name']}: {summary['status']}", ""]
+    if (prov.get("overrides") or {}).get("smoke"):
+        lines += [f"**Smoke run** (`--smoke`, {grid['passes']} pass(es) per arm): it shows the arms run; "
+                  "its figures are not measurements and are not to be published.", ""]
     if grid.get("description"):
         lines += [grid["description"], ""]
     lines += [
@@ -168,7 +195,7 @@ def _arms_table(art: dict[str, Any]) -> list[str]:
 
         control = " (control)" if arm["name"] == art["grid"]["control"] else ""
         lines.append(f"| {_arm_label(art, arm['name'])}{control} | "
-                     f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'] or arm.get('llamacpp') or {})} | {inline(arm['env'])} | "
+                     f"{arm['engine']} | {arm['model']} | {inline(arm['llm_kwargs'] or arm.get('llamacpp') or arm.get('faster_whisper') or arm.get('whispercpp') or {})} | {inline(arm['env'])} | "
                      f"{inline(arm['expect'])} |")
     return lines + _user_commands(art) + [""]
 
@@ -244,8 +271,8 @@ def _median_or_none(values: list[float]) -> float | None:
 def memory_breakdown_row(arm: str, records: list[dict[str, Any]], tree_pss: float | None) -> str:
     """One arm's steady tree PSS split into weights by class, KV and the rest (medians over passes)."""
     workers = [((r.get("evidence") or {}).get("workers") or [{}])[0] for r in records]
-    if any((r.get("result") or {}).get("engine") == "llamacpp" for r in records):
-        weights = _median_or_none([w.get("model_size_bytes") for w in workers])
+    if any((r.get("result") or {}).get("engine") in ("llamacpp", *IN_PROCESS_SPEECH) for r in records):
+        weights = _median_or_none([w.get("model_size_bytes") or w.get("model_file_bytes") for w in workers])
         rest = tree_pss - weights if tree_pss is not None and weights is not None else None
         # The model file's bytes in the "other weights" column; llama.cpp reports no split or KV here.
         cells = ["—", "—", "—", format_mib(weights) + " (file)" if weights else "—", "—"]
@@ -380,6 +407,36 @@ def _agent_table(art: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+SPEECH_COLUMNS = ("RTF@", "latency p50@", "WER@")
+
+
+def _speech_table(art: dict[str, Any]) -> list[str]:
+    """Speech arms side by side: RTF, latency p50 and WER at each stream count, tree PSS (medians)."""
+    arms = art["summary"]["arms"]
+    names = [n for table in arms.values() for n in table if any(c in n for c in SPEECH_COLUMNS)]
+    columns = list(dict.fromkeys(names))
+    if not columns:
+        return []
+    control = art["summary"]["control"]
+    lines = ["## Speech (medians over passes; ratio to the control, pass by pass, in brackets)", "",
+             "| arm | " + " | ".join(columns) + " | tree PSS steady |", "|---|" + "---|" * (len(columns) + 1)]
+    for arm, table in arms.items():
+        cells = []
+        for name in [*columns, "tree PSS steady"]:
+            fig = table.get(name)
+            if fig is None:
+                cells.append("—")
+                continue
+            ratio = fig.get("ratio_vs_control")
+            text = format_value(fig["median"], fig["unit"])
+            if arm != control and ratio and ratio.get("median") is not None:
+                text += f" ({ratio['median']:.2f}×)"
+            cells.append(text)
+        lines.append(f"| {_arm_label(art, arm)}{' (control)' if arm == control else ''} | " + " | ".join(cells) + " |")
+    return lines + ["", "RTF: audio seconds per wall second (× real time), all streams together; WER in percent, "
+                    "normalised as vllm_omni_edge_bench/harness/speech.py writes down.", ""]
+
+
 def _passes_table(art: dict[str, Any]) -> list[str]:
     lines = ["## Passes (in the order they ran)", "", "| # | pass | arm | status | wall | load avg (1 min) | notes |",
              "|---|---|---|---|---|---|---|"]
@@ -395,6 +452,7 @@ def render_markdown(art: dict[str, Any]) -> str:
     lines = _header(art) + _arms_table(art)
     if art["summary"]["status"] == OK:
         lines += _figures_table(art)
+        lines += _speech_table(art)
         lines += _llamacpp_table(art)
         lines += _agent_table(art)
         lines += _memory_table(art)

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from vllm_omni_edge_bench.harness import pass_events, provenance
 from vllm_omni_edge_bench.harness.evidence import collect_evidence, evidence_problems, roles_by_pid
-from vllm_omni_edge_bench.harness.grid import EVIDENCE_ENV, Arm, Grid, GridError, resolve_arm_model
+from vllm_omni_edge_bench.harness.grid import (EVIDENCE_ENV, SPEECH_ENGINES, Arm, Grid, GridError,
+                                                resolve_arm_model)
 from vllm_omni_edge_bench.harness.ledger import MemoryLedger, summarise_ledger
 from vllm_omni_edge_bench.harness.schedule import ScheduledPass, interleaved
 from vllm_omni_edge_bench.harness.stats import CRASHED, INVALID, NOT_RUN, OK, summarise
@@ -36,6 +37,12 @@ PASS_MODULES["vllm-server"] = "vllm_omni_edge_bench.harness.pass_vllm_server"
 IMPLEMENTED_WORKLOADS["vllm-server"] = {"decode", "prefill", "ttft", "cold_start", "server", "agent"}
 PASS_MODULES["llamacpp"] = "vllm_omni_edge_bench.harness.pass_llamacpp"
 IMPLEMENTED_WORKLOADS["llamacpp"] = {"decode", "prefill", "ttft", "cold_start", "fidelity"}
+PASS_MODULES["speech-server"] = "vllm_omni_edge_bench.harness.pass_speech_server"
+IMPLEMENTED_WORKLOADS["speech-server"] = {"speech"}
+PASS_MODULES["faster-whisper"] = "vllm_omni_edge_bench.harness.pass_speech"
+IMPLEMENTED_WORKLOADS["faster-whisper"] = {"speech"}
+PASS_MODULES["whispercpp"] = "vllm_omni_edge_bench.harness.pass_speech"
+IMPLEMENTED_WORKLOADS["whispercpp"] = {"speech"}
 
 
 def _results_root() -> Path:
@@ -94,7 +101,8 @@ def check_runnable(grid: Grid) -> None:
         model = Path(resolve_arm_model(arm))
         if not model.exists():
             hint = (" (run `vllm-omni-edge models pull-default` to build the default model)"
-                    if arm.model == "default" else "")
+                    if arm.model == "default" else
+                    f" (run `vllm-omni-edge models pull {arm.model}`)" if arm.engine in SPEECH_ENGINES else "")
             problems.append(f"arm {arm.name}: model {model} does not exist{hint}")
         for workload in grid.workloads:
             if workload.kind not in IMPLEMENTED_WORKLOADS[arm.engine]:
@@ -219,6 +227,10 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         from vllm_omni_edge_bench.harness.pass_llamacpp import prepare_spec
 
         spec = prepare_spec(spec, arm)  # token ids made here, so the pass never imports transformers
+    elif arm.engine in SPEECH_ENGINES:
+        from vllm_omni_edge_bench.harness.pass_speech import prepare_spec as prepare_speech_spec
+
+        spec = prepare_speech_spec(spec, arm)  # whisper.cpp's file converted here, untimed, outside the ledger
     spec_path, result_path, log_path = pass_dir / "spec.json", pass_dir / "result.json", pass_dir / "log.txt"
     _write_json(spec_path, spec)
     env, overlay = _pass_env(arm, evidence_dir)
@@ -308,7 +320,7 @@ def prime_arms(grid: Grid, out_dir: Path, options: RunOptions) -> tuple[dict[str
     to load the artifact (``compile_cache.aot_loaded``); the passes check their own evidence."""
     statuses: dict[str, str] = {}
     for arm in grid.arms:
-        if arm.engine == "llamacpp":
+        if arm.engine == "llamacpp" or arm.engine in ("faster-whisper", "whispercpp"):
             continue  # nothing cached between starts but the page cache, which the passes share
         scheduled = ScheduledPass(seq=0, pass_index=0, arm=arm.name)
         record = run_pass(grid, scheduled, out_dir / "prime", options)
