@@ -14,6 +14,7 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
+    "vllm_omni_edge.patches.frontend.fp16_as_float32",
     "vllm_omni_edge.patches.frontend.encoder_batched_tokens",
     "vllm_omni_edge.patches.worker.kv_default_exact",
     "vllm_omni_edge.patches.worker.kv_resident_as_used",
