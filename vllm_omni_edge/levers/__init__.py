@@ -29,6 +29,7 @@ inherit the front end's environment).
 | inductor's per-ISA load probes (a child Python each) remembered across starts; or run every start | VLLM_OMNI_EDGE_ISA_PROBE_MEMO=1/0 | 1 | patches/worker/isa_probe_memo.py |
 | the path of inductor's precompiled C++ header remembered across starts; or preprocessed every start | VLLM_OMNI_EDGE_PCH_MEMO=1/0 | 1 | patches/worker/precompiled_header_memo.py |
 | a cpu_int4 checkpoint's SHA-256 check: once per file version (size, mtime, ctime, inode), or every start | VLLM_OMNI_EDGE_WEIGHTS_CHECK=once/always | once | quantization/manifest.py |
+| packages a CPU text model never runs (PyAV, OpenCV, scipy.signal, scipy.optimize) imported on first use, and triton hidden when torch is a CPU-only build; or imported as vLLM does | VLLM_OMNI_EDGE_LAZY_IMPORTS=1/0 | 1 | patches/common/lazy_imports.py |
 | vLLM's renderer tokenizer pool: one deep copy up front, more only when threads use it at once; or vLLM's renderer_num_workers + 1 up front | VLLM_OMNI_EDGE_TOKENIZER_POOL=lazy/vllm | lazy | patches/frontend/tokenizer_pool.py |
 
 An explicit ``kv_cache_memory_bytes`` is always honoured; see kv_budget.py for
@@ -61,6 +62,7 @@ TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
 WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
 KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
+LAZY_IMPORTS_ENV = "VLLM_OMNI_EDGE_LAZY_IMPORTS"
 
 
 class LeverFlagError(ValueError):
@@ -158,6 +160,10 @@ def int4_prefill_mode() -> str:
     """``auto``: rows16 prefill on the bf16 GEMM where the CPU has AMX; ``bf16``: on any CPU;
     ``w4a8``: prefill on the W4A8 tiles, as decode (the A/B arm)."""
     return _choice(INT4_PREFILL_ENV, ("auto", "bf16", "w4a8"), "auto")
+
+
+def lazy_imports_enabled() -> bool:
+    return _choice(LAZY_IMPORTS_ENV, ("1", "0"), "1") == "1"
 
 
 def heap_trim_enabled() -> bool:

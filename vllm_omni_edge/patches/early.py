@@ -5,6 +5,8 @@ in every interpreter of the venv; our console scripts call it too. Each hook onl
 a finder to ``sys.meta_path`` (no heavy import) and acts when its module is imported:
 
 - ``torchvision_native_ops``: schemas torchvision's fake registrations need;
+- ``lazy_imports``: media, solver and client packages deferred to first use, triton hidden
+  on a CPU-only torch (``VLLM_OMNI_EDGE_LAZY_IMPORTS=0`` turns it off);
 - ``inductor_cpp_wrapper``: ``VLLM_USE_LAYERNAME=0`` before ``vllm.utils.torch_utils``, when
   ``VLLM_OMNI_EDGE_CPP_WRAPPER=1`` asks for the C++ wrapper.
 """
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 
 def install_interpreter_hooks() -> None:
-    from vllm_omni_edge.patches.common import torchvision_native_ops
+    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops
     from vllm_omni_edge.patches.frontend import inductor_cpp_wrapper
 
+    lazy_imports.install()
     torchvision_native_ops.install()
     inductor_cpp_wrapper.install()
