@@ -198,6 +198,7 @@ def test_heap_trim_says_why_it_skips_off_glibc(monkeypatch):
 
 def test_heap_trim_wraps_load_and_warm_up_once_and_trims_after_each(monkeypatch):
     from vllm_omni_edge.levers import heap
+    from vllm_omni_edge.patches.base import wrap_method_once
     from vllm_omni_edge.patches.worker import heap_trim
 
     class FakeWorker:
@@ -214,8 +215,12 @@ def test_heap_trim_wraps_load_and_warm_up_once_and_trims_after_each(monkeypatch)
     monkeypatch.setattr(heap_trim, "last_trim", None)
     monkeypatch.setattr(heap_trim, "last_warmup_trim", None)
     heap_trim._wrap(module)
+    # evidence_recorder wraps the warm-up after this patch; it must still get its turn.
+    recorded = []
+    assert wrap_method_once(FakeWorker, "compile_or_warm_up_model",
+                            lambda original: lambda self: recorded.append(heap_trim.last_warmup_trim) or original(self))
     heap_trim._wrap(module)  # a second apply wraps nothing more
     worker = FakeWorker()
     assert worker.load_model() == "loaded" and heap_trim.last_trim == {"n": 1}
     assert worker.compile_or_warm_up_model() == "warm" and heap_trim.last_warmup_trim == {"n": 2}
-    assert trims == [0, 1]
+    assert trims == [0, 1] and recorded == [None]  # the outer wrapper ran, once

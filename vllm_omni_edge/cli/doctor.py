@@ -58,12 +58,15 @@ def companion_checks() -> list[Check]:
 def start_up_hook_checks() -> list[Check]:
     """Are patches/early.py's hooks in force in a fresh interpreter (scripts/setup.sh's .pth)?"""
     code = ("import vllm_omni_edge.patches.frontend.inductor_cpp_wrapper as w, "
-            "vllm_omni_edge.patches.common.torchvision_native_ops as t; print(w._installed and t._installed)")
+            "vllm_omni_edge.patches.common.torchvision_native_ops as t, "
+            "vllm_omni_edge.patches.common.lazy_imports as l; "
+            "print(w._installed and t._installed and l._installed)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if proc.stdout.strip() == "True":
         return [Check("start-up hooks", True, "in force in every interpreter (.pth)")]
     return [Check("start-up hooks", True, "not installed in this venv: run scripts/setup.sh (until then "
-                  "compiled models keep inductor's Python wrapper and torchvision may not import)", warning=True)]
+                  "compiled models keep inductor's Python wrapper, torchvision may not import and the "
+                  "media packages load with vLLM)", warning=True)]
 
 
 def version_checks() -> list[Check]:

@@ -80,4 +80,6 @@ def _wrap(module) -> None:
         return compile_or_warm_up_model
 
     wrap_method_once(module.CPUWorker, "load_model", make)
-    wrap_method_once(module.CPUWorker, "compile_or_warm_up_model", make_warmup)
+    # evidence_recorder wraps this method too, after this patch: our own marker leaves it room.
+    wrap_method_once(module.CPUWorker, "compile_or_warm_up_model", make_warmup,
+                     marker="__edge_heap_trim__")
