@@ -189,3 +189,14 @@ def test_install_is_idempotent():
     lazy_imports.install()  # the .pth may already have run it
     assert lazy_imports.install() == "hook already installed"
     assert sum(f is lazy_imports._finder for f in sys.meta_path) <= 1
+
+
+def test_a_watched_deferred_module_does_not_loop_between_finders(fake_package, monkeypatch):
+    from vllm_omni_edge.patches import import_hook
+
+    seen = []
+    monkeypatch.setattr(import_hook, "_callbacks", {})
+    import_hook.when_imported("edge_lazy_pkg", lambda module: seen.append(module.VALUE))
+    import edge_lazy_pkg
+
+    assert edge_lazy_pkg.VALUE == 42 and seen == [42]

@@ -160,16 +160,20 @@ class _DeferredLoader(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     """Hands out deferred specs for :data:`DEFERRED` and submodules of deferred packages."""
 
+    _asking = threading.local()  # names this thread is looking up through the other finders
+
     def find_spec(self, fullname, path, target=None):
-        if not _should_defer(fullname):
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
+        asking = self._asking.__dict__.setdefault("names", set())
+        if fullname in asking or not _should_defer(fullname):
+            return None  # a finder that asks the others (import_hook's) must not loop back here
+        asking.add(fullname)
+        try:
+            spec = next((found for finder in sys.meta_path
+                         if finder is not self and hasattr(finder, "find_spec")
+                         and (found := finder.find_spec(fullname, path, target)) is not None), None)
+        finally:
+            asking.discard(fullname)
+        if spec is None:
             return None
         # Only pure-Python bodies can wait; an extension module loads in create_module,
         # so its deferred package runs first, as an eager import would have it.
