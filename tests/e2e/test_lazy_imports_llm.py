@@ -1,5 +1,6 @@
 """LLM() on the default model answers with lazy_imports on, the same greedy text as with it off,
-and the deferred packages stay unloaded through load, compile-cache load and generation."""
+and the deferred packages stay unloaded through load, compile-cache load and generation;
+structured output (xgrammar) still works with triton hidden."""
 
 from __future__ import annotations
 
@@ -24,7 +25,12 @@ PROBE = (
     "out = llm.chat([{'role': 'user', 'content': SMOKE_QUESTION}],"
     " SamplingParams(temperature=0, max_tokens=24))\n"
     "state = {n: 'deferred' if L.is_deferred(sys.modules[n]) else 'loaded' for n in %r}\n"
-    "print('PROBE-RESULT ' + json.dumps({'text': out[0].outputs[0].text, 'state': state,"
+    "from vllm.sampling_params import StructuredOutputsParams\n"
+    "schema = {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']}\n"
+    "js = llm.chat([{'role': 'user', 'content': 'What is the capital of France? Reply in JSON.'}],"
+    " SamplingParams(temperature=0, max_tokens=40,"
+    " structured_outputs=StructuredOutputsParams(json=schema)))[0].outputs[0].text\n"
+    "print('PROBE-RESULT ' + json.dumps({'text': out[0].outputs[0].text, 'state': state, 'json': js,"
     " 'triton_hidden': sys.modules.get('triton', 0) is None}))\n" % (DEFERRED_ON_TEXT_PATH,)
 )
 
@@ -46,6 +52,7 @@ def test_llm_answers_with_lazy_imports_and_matches_eager_imports():
     assert "Paris" in lazy["text"]
     assert lazy["state"] == {n: "deferred" for n in DEFERRED_ON_TEXT_PATH}
     assert lazy["triton_hidden"]
+    assert isinstance(json.loads(lazy["json"])["city"], str)  # the grammar held the output to the schema
     eager = _probe(model, "0")
     assert eager["state"] == {n: "loaded" for n in DEFERRED_ON_TEXT_PATH}
     assert eager["text"] == lazy["text"]
