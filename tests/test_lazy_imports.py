@@ -200,3 +200,25 @@ def test_a_watched_deferred_module_does_not_loop_between_finders(fake_package, m
     import edge_lazy_pkg
 
     assert edge_lazy_pkg.VALUE == 42 and seen == [42]
+
+
+def test_vllm_audio_resamplers_run_on_their_deferred_backends():
+    result = _run(
+        "import numpy as np\n"
+        "from vllm import LLM\n"
+        "from vllm.multimodal.audio import AudioResampler\n"
+        "x = np.sin(np.arange(22050) / 22050 * 2 * np.pi * 440).astype(np.float32)\n"
+        "before = {n: state(n) for n in ('av', 'scipy.signal')}\n"
+        "a = AudioResampler(target_sr=16000, method='pyav').resample(x, orig_sr=22050)\n"
+        "b = AudioResampler(target_sr=16000, method='scipy').resample(x, orig_sr=22050)\n"
+        "t = np.arange(16000) / 16000\n"
+        "ref = np.sin(2 * np.pi * 440 * t)\n"
+        "print(json.dumps({'before': before, 'after': {n: state(n) for n in ('av', 'scipy.signal')},"
+        " 'lens': [len(a), len(b)], 'err_av': float(abs(a[200:-200] - ref[200:-200]).max()),"
+        " 'err_scipy': float(abs(b[200:-200] - ref[200:-200]).max())}))\n",
+        VLLM_OMNI_EDGE_LAZY_IMPORTS="1",
+    )
+    assert result["before"] == {"av": "deferred", "scipy.signal": "deferred"}
+    assert result["after"] == {"av": "loaded", "scipy.signal": "loaded"}
+    assert result["lens"] == [16000, 16000]
+    assert result["err_scipy"] < 1e-2 and result["err_av"] < 5e-2, result
