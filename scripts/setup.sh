@@ -36,7 +36,8 @@ if [ "$have" != "$want" ]; then
 fi
 # Hooks that must be in force before `import vllm`, in every interpreter of the venv
 # (patches/early.py): PyPI's torchvision is a CUDA build whose Python part imports only
-# with our schema shim; the compiled model's C++ wrapper needs str layer names.
+# with our schema shim; the compiled model's C++ wrapper needs str layer names; the media and
+# solver packages a text model never runs wait for their first use (lazy_imports).
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 rm -f "$site/vllm_omni_edge_torchvision.pth"
 echo 'import vllm_omni_edge.patches.early as m; m.install_interpreter_hooks()' > "$site/vllm_omni_edge_early.pth"

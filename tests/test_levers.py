@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -192,3 +194,33 @@ def test_heap_trim_says_why_it_skips_off_glibc(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_HEAP_TRIM", "yes")
     with pytest.raises(LeverFlagError):
         heap_trim_enabled()
+
+
+def test_heap_trim_wraps_load_and_warm_up_once_and_trims_after_each(monkeypatch):
+    from vllm_omni_edge.levers import heap
+    from vllm_omni_edge.patches.base import wrap_method_once
+    from vllm_omni_edge.patches.worker import heap_trim
+
+    class FakeWorker:
+        def load_model(self):
+            return "loaded"
+
+        def compile_or_warm_up_model(self):
+            return "warm"
+
+    module = types.ModuleType("fake_cpu_worker")
+    module.CPUWorker = FakeWorker
+    trims = []
+    monkeypatch.setattr(heap, "trim_heap", lambda: trims.append(len(trims)) or {"n": len(trims)})
+    monkeypatch.setattr(heap_trim, "last_trim", None)
+    monkeypatch.setattr(heap_trim, "last_warmup_trim", None)
+    heap_trim._wrap(module)
+    # evidence_recorder wraps the warm-up after this patch; it must still get its turn.
+    recorded = []
+    assert wrap_method_once(FakeWorker, "compile_or_warm_up_model",
+                            lambda original: lambda self: recorded.append(heap_trim.last_warmup_trim) or original(self))
+    heap_trim._wrap(module)  # a second apply wraps nothing more
+    worker = FakeWorker()
+    assert worker.load_model() == "loaded" and heap_trim.last_trim == {"n": 1}
+    assert worker.compile_or_warm_up_model() == "warm" and heap_trim.last_warmup_trim == {"n": 2}
+    assert trims == [0, 1] and recorded == [None]  # the outer wrapper ran, once

@@ -196,6 +196,9 @@ FLAGS: tuple[Flag, ...] = (
            ("patches/worker/kv_resident_as_used.py",), ("used", "all"), "used"),
     Switch("VLLM_OMNI_EDGE_EMBED_PREPACK", "oneDNN prepacked copy of the input embedding, as vLLM "
            "makes (1); or none (0)", LEVER, ("patches/worker/embedding_prepack.py",), on=False),
+    Switch("VLLM_OMNI_EDGE_LAZY_IMPORTS", "packages a CPU text model never runs (PyAV, OpenCV, "
+           "scipy.signal, scipy.optimize) imported on first use, triton hidden on a CPU-only torch (1); "
+           "or imported as vLLM does (0)", LEVER, ("patches/common/lazy_imports.py",)),
     Choice("VLLM_OMNI_EDGE_FP16_ON_CPU", "a float16 checkpoint with dtype auto on a CPU without "
            "float16 arithmetic runs in float32 (float32); or in float16, as vLLM chooses (float16)",
            LEVER, ("patches/frontend/fp16_as_float32.py",), ("float32", "float16"), "float32"),

@@ -165,6 +165,7 @@ def collect_worker_evidence(worker) -> dict:
             model, (VocabParallelEmbedding,), (ParallelLMHead,)),
         "heap_trim": _heap_trim(),
         "checkpoint_read": _checkpoint_read(),
+        "heap_trim_after_warmup": _heap_trim("last_warmup_trim"),
         **_rms_norm_dispatch(model),
         "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
         # One value an arm can expect: the longest spin; None with no shm queue (model in the engine core).
@@ -284,11 +285,11 @@ def _precompiled_headers() -> dict[str, int]:
     return dict(precompiled_header_memo.counts)
 
 
-def _heap_trim() -> dict | None:
-    """What the post-load heap trim returned in this process (None if it did not run)."""
+def _heap_trim(which: str = "last_trim") -> dict | None:
+    """What the post-load (or post-warm-up) heap trim returned in this process (None if it did not run)."""
     from vllm_omni_edge.patches.worker import heap_trim
 
-    return heap_trim.last_trim
+    return getattr(heap_trim, which)
 
 
 def _checkpoint_read() -> dict:

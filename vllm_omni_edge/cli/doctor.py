@@ -58,12 +58,14 @@ def companion_checks() -> list[Check]:
 
 def start_up_hook_checks() -> list[Check]:
     """Are patches/early.py's hooks in force in a fresh interpreter (scripts/setup.sh's .pth)?"""
-    code = "import vllm_omni_edge.patches.common.torchvision_native_ops as t; print(t._installed)"
+    code = ("import vllm_omni_edge.patches.common.torchvision_native_ops as t, "
+            "vllm_omni_edge.patches.common.lazy_imports as l; "
+            "print(t._installed and l._installed)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if proc.stdout.strip() == "True":
         return [Check("start-up hooks", True, "in force in every interpreter (.pth)")]
     return [Check("start-up hooks", True, "not installed in this venv: run scripts/setup.sh (until then "
-                  "torchvision may not import)", warning=True)]
+                  "torchvision may not import and the media packages load with vLLM)", warning=True)]
 
 
 def version_checks() -> list[Check]:

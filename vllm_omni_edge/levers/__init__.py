@@ -38,6 +38,7 @@ TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
 WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
 KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
+LAZY_IMPORTS_ENV = "VLLM_OMNI_EDGE_LAZY_IMPORTS"
 
 
 LeverFlagError = envs.FlagError
@@ -121,6 +122,10 @@ def int4_prefill_mode() -> str:
     """``auto``: rows16 prefill on the bf16 GEMM where the CPU has AMX; ``bf16``: on any CPU;
     ``w4a8``: prefill on the W4A8 tiles, as decode (the A/B arm)."""
     return envs.get(INT4_PREFILL_ENV)
+
+
+def lazy_imports_enabled() -> bool:
+    return envs.get(LAZY_IMPORTS_ENV)
 
 
 def heap_trim_enabled() -> bool:

@@ -144,15 +144,17 @@ def outcomes() -> dict[str, PatchOutcome]:
     return dict(_OUTCOMES)
 
 
-def wrap_method_once(owner, name: str, make_wrapper: Callable) -> bool:
+def wrap_method_once(owner, name: str, make_wrapper: Callable, marker: str = "__edge_wrapped__") -> bool:
     """Replace ``owner.name`` with ``make_wrapper(original)`` unless already wrapped.
 
     The wrapper is marked, so applying a patch twice (or in a forked child) is a no-op.
+    A second patch on the same method passes its own ``marker`` (and leaves the default
+    one to the other patch).
     """
     original = getattr(owner, name)
-    if getattr(original, "__edge_wrapped__", False):
+    if getattr(original, marker, False):
         return False
     wrapper = functools.wraps(original)(make_wrapper(original))
-    wrapper.__edge_wrapped__ = True
+    setattr(wrapper, marker, True)
     setattr(owner, name, wrapper)
     return True

@@ -4,13 +4,16 @@
 in every interpreter of the venv; our console scripts call it too. Each hook only adds
 a finder to ``sys.meta_path`` (no heavy import) and acts when its module is imported:
 
-- ``torchvision_native_ops``: schemas torchvision's fake registrations need.
+- ``torchvision_native_ops``: schemas torchvision's fake registrations need;
+- ``lazy_imports``: media, solver and client packages deferred to first use, triton hidden
+  on a CPU-only torch (``VLLM_OMNI_EDGE_LAZY_IMPORTS=0`` turns it off).
 """
 
 from __future__ import annotations
 
 
 def install_interpreter_hooks() -> None:
-    from vllm_omni_edge.patches.common import torchvision_native_ops
+    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops
 
+    lazy_imports.install()
     torchvision_native_ops.install()
