@@ -96,6 +96,23 @@ def test_bf16_head_untied_is_copied_unchanged(tmp_path):
     assert report.tensors[builder.HEAD_BF16] == 1
 
 
+def test_default_formats_follow_the_source():
+    assert builder.default_formats(None, None, None) == ("int4", "int4")
+    assert builder.default_formats(True, None, None) == ("bf16", "bf16")  # a tied GGUF head
+    assert builder.default_formats(False, None, None) == ("int4", "int4")  # an untied one
+    # An explicit 4-bit/int8 embedding on a GGUF gets a 4-bit head; explicit values are kept.
+    assert builder.default_formats(True, "int8", None) == ("int8", "int4")
+    assert builder.default_formats(True, "int4", "int4") == ("int4", "int4")
+    assert builder.default_formats(None, "bf16", "bf16") == ("bf16", "bf16")
+
+
+def test_gguf_ties_head_reads_the_file(tmp_path):
+    from tests.gguf_tiny import write_tiny_gguf
+
+    assert builder.gguf_ties_head(write_tiny_gguf(tmp_path / "q.gguf", "qwen2")) is True
+    assert builder.gguf_ties_head(write_tiny_gguf(tmp_path / "l.gguf", "llama")) is False
+
+
 def test_bf16_head_needs_a_bf16_embedding(tiny_llama, tmp_path):
     with pytest.raises(int4.Int4FormatError, match="a bf16 head needs a bf16 input embedding"):
         build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", progress=False, embedding="int4", head="bf16")

@@ -64,7 +64,7 @@ def _good(directory: Path, head: str | None = None) -> bool:
 def serving_checkpoint(gguf: Path | str, *, show_progress: bool = True) -> Path:
     """The checkpoint directory to serve for ``gguf``, built on first use."""
     from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
-    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint, default_formats
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint, default_formats, gguf_ties_head
 
     path = Path(gguf).expanduser()
     if not path.is_file():
@@ -74,7 +74,11 @@ def serving_checkpoint(gguf: Path | str, *, show_progress: bool = True) -> Path:
             raise GgufServingError(f"{path} is not a GGUF file (no GGUF magic at its start)")
     digest = file_sha256(path, show_progress=show_progress)
     int4_dir, bf16_dir = build_dir(path, digest, "cpu_int4"), build_dir(path, digest, "bf16")
-    _, head = default_formats(True, None, None)
+    try:
+        _, head = default_formats(gguf_ties_head(path), None, None)
+    except Exception as exc:  # unreadable past the magic: the build below names the problem
+        logger.warning("cannot read %s's tensors (%s)", path.name, exc)
+        head = None
     for directory, expected_head in ((int4_dir, head), (bf16_dir, None)):
         if _good(directory, expected_head):
             logger.info("serving %s from its build %s", path.name, directory)

@@ -84,10 +84,12 @@ EMBEDDING_INT8 = "embedding int8"
 HEAD_BF16 = "head bf16"
 HEAD_FORMATS = ("int4", "bf16")
 DEFAULT_HEAD = "int4"
-# GGUF input: the output head is kept bf16 (and so the embedding, which the loader quantizes only with a
-# 4-bit head). Re-quantizing the head of a GGUF to 4 bits was the largest loss measured, far beyond the
-# run-to-run noise (docs/edge/gguf.md, "Re-quantization").
-GGUF_HEAD = "bf16"
+# GGUF input with a tied head: the one head/embedding matrix is kept bf16. Re-quantizing it to 4 bits was
+# the largest loss measured, far beyond the run-to-run noise, for the cost of one matrix. An untied head
+# stays 4-bit: keeping it bf16 costs two matrices (the loader then needs the embedding bf16 too) for a
+# smaller gain (docs/edge/gguf.md, "Re-quantization").
+GGUF_TIED_HEAD = "bf16"
+GGUF_UNTIED_HEAD = "int4"
 EMBEDDING_PREFIX = EMBEDDING.removesuffix(".weight")
 
 
@@ -158,7 +160,10 @@ def build_cpu_int4_checkpoint(
     Left as None, both follow the source (:func:`default_formats`).
     """
     src, out = Path(src).expanduser(), Path(out).expanduser()
-    embedding, head = default_formats(src.suffix == ".gguf", embedding, head)
+    if src.suffix == ".gguf" and src.is_file():
+        embedding, head = default_formats(gguf_ties_head(src), embedding, head)
+    else:
+        embedding, head = default_formats(None, embedding, head)
     check_group_size(group_size)
     check_zero_point(zero_point)
     check_embedding_format(embedding)
@@ -183,14 +188,23 @@ def build_cpu_int4_checkpoint(
     return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head)
 
 
-def default_formats(gguf_input: bool, embedding: str | None, head: str | None) -> tuple[str, str]:
+def gguf_ties_head(path: Path) -> bool:
+    """Whether a GGUF's head is its embedding matrix (no ``output.weight``, as the converter reads it)."""
+    from vllm_omni_edge.models.gguf_to_hf import _open_reader
+
+    return not any(t.name == "output.weight" for t in _open_reader(Path(path)).tensors)
+
+
+def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | None) -> tuple[str, str]:
     """(embedding, head) for a build: what was asked, else the default for the source.
 
-    A Hugging Face directory: int4 embedding, int4 head. A GGUF file: ``GGUF_HEAD``, with the bf16
-    embedding it needs, unless an int4/int8 embedding was asked for (then a 4-bit head).
+    ``gguf_tied`` is None for a Hugging Face directory (int4 embedding, int4 head), else whether the
+    GGUF ties its head to the embedding: ``GGUF_TIED_HEAD`` or ``GGUF_UNTIED_HEAD``, with the bf16
+    embedding a bf16 head needs, unless an int4/int8 embedding was asked for (then a 4-bit head).
     """
     if head is None:
-        head = GGUF_HEAD if gguf_input and embedding in (None, "bf16") else DEFAULT_HEAD
+        gguf_head = None if gguf_tied is None else (GGUF_TIED_HEAD if gguf_tied else GGUF_UNTIED_HEAD)
+        head = gguf_head if gguf_head and embedding in (None, "bf16") else DEFAULT_HEAD
     if embedding is None:
         embedding = "bf16" if head == "bf16" else DEFAULT_EMBEDDING
     return embedding, head
@@ -493,16 +507,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=EMBEDDING_FORMATS,
         help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
         "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
-        "a tied head given its own 4-bit copy (format 2). Default: int4 for a Hugging Face directory, "
-        "bf16 for a GGUF (whose head is kept bf16)",
+        "a tied head given its own 4-bit copy (format 2). Default: int4, bf16 for a GGUF whose head is "
+        "kept bf16",
     )
     parser.add_argument(
         "--head",
         default=None,
         choices=HEAD_FORMATS,
         help="int4: the output head 4-bit; bf16: left unquantized (needs --embedding bf16; a tied head "
-        "stays tied to the bf16 embedding). Default: int4 for a Hugging Face directory or an int4/int8 "
-        f"embedding, {GGUF_HEAD} for a GGUF",
+        f"stays tied to the bf16 embedding). Default: int4; {GGUF_TIED_HEAD} for a GGUF whose head is its "
+        "embedding (unless --embedding int4/int8)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -305,11 +305,11 @@ def verdict(diff: dict[str, float], noise: float) -> str:
 # One file
 
 
-def _as_gguf(settings: dict[str, Any]) -> dict[str, Any]:
+def _as_gguf(settings: dict[str, Any], gguf: Path) -> dict[str, Any]:
     """Builder settings for a build from the conversion that match a build from the GGUF file."""
-    from vllm_omni_edge.quantization.builder import default_formats
+    from vllm_omni_edge.quantization.builder import default_formats, gguf_ties_head
 
-    embedding, head = default_formats(True, settings.get("embedding"), settings.get("head"))
+    embedding, head = default_formats(gguf_ties_head(gguf), settings.get("embedding"), settings.get("head"))
     return {**settings, "embedding": embedding, "head": head}
 
 
@@ -356,7 +356,7 @@ def measure_file(gguf: Path, work: Path, variants: Sequence[Variant], *, tokens:
             if variant is first or variant.name == "again":
                 build_cpu_int4_checkpoint(gguf, out, progress=progress, **settings)
             else:
-                build_cpu_int4_checkpoint(ref_dir, out, progress=progress, **_as_gguf(settings))
+                build_cpu_int4_checkpoint(ref_dir, out, progress=progress, **_as_gguf(settings, gguf))
             built[variant.name] = int4_dir = out
         keep = kept_modules(variant, types, tied)
         dq = work / f"{variant.name}-dequantized"
