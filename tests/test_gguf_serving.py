@@ -34,6 +34,19 @@ def test_a_gguf_is_built_once_and_found_again_by_its_contents(tiny_llama, isolat
     assert digest[:16] in built.name
 
 
+def test_a_build_with_an_older_head_default_is_rebuilt(tmp_path, isolated_cache):
+    from vllm_omni_edge.quantization.builder import GGUF_TIED_HEAD, build_cpu_int4_checkpoint
+    from vllm_omni_edge.quantization.manifest import read_manifest
+
+    tied = write_tiny_gguf(tmp_path / "tiny-qwen2.gguf", "qwen2")  # no output.weight: tied head
+    built = gguf_serving.serving_checkpoint(tied, show_progress=False)
+    assert read_manifest(built)["head"] == GGUF_TIED_HEAD == "bf16"
+    build_cpu_int4_checkpoint(tied, built, progress=False, overwrite=True, embedding="int4", head="int4")
+    assert read_manifest(built)["head"] == "int4"
+    assert gguf_serving.serving_checkpoint(tied, show_progress=False) == built
+    assert read_manifest(built)["head"] == GGUF_TIED_HEAD
+
+
 def test_an_architecture_cpu_int4_does_not_take_is_served_in_bf16(tmp_path, isolated_cache):
     phi3 = write_tiny_gguf(tmp_path / "tiny-phi3.gguf", "phi3")
     built = gguf_serving.serving_checkpoint(phi3, show_progress=False)

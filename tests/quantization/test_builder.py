@@ -67,6 +67,60 @@ def test_untied_head_is_quantized_from_lm_head(tmp_path):
     assert report.source_bytes[builder.HEAD_4BIT] == ref.numel() * 2  # fp16 source head
 
 
+def test_bf16_head_tied_is_stored_once_as_the_embedding(tiny_llama, tmp_path):
+    report = build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", group_size=64, progress=False,
+                                       embedding="bf16", head="bf16")
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    source = load_file(str(tiny_llama / "model.safetensors"))
+    assert not any(n.startswith("lm_head.") for n in tensors)
+    assert torch.equal(tensors["model.embed_tokens.weight"], source["model.embed_tokens.weight"])
+    assert "model.layers.0.mlp.up_proj.qweight" in tensors
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True
+    assert config["quantization_config"]["lm_head"] is False
+    assert config["quantization_config"]["format_version"] == 2
+    assert verify_manifest(tmp_path / "out")["head"] == "bf16"
+    assert report.tensors.get(builder.HEAD_4BIT, 0) == 0 and report.tensors.get(builder.HEAD_BF16, 0) == 0
+
+
+def test_bf16_head_untied_is_copied_unchanged(tmp_path):
+    src = save_tiny_llama(tmp_path / "untied", tie_word_embeddings=False)
+    report = build_cpu_int4_checkpoint(src, tmp_path / "out", group_size=64, progress=False,
+                                       embedding="bf16", head="bf16")
+    tensors = load_file(str(tmp_path / "out" / "model.safetensors"))
+    source = load_file(str(src / "model.safetensors"))
+    assert torch.equal(tensors["lm_head.weight"], source["lm_head.weight"])
+    assert "lm_head.qweight" not in tensors
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["quantization_config"]["lm_head"] is False
+    assert report.tensors[builder.HEAD_BF16] == 1
+
+
+def test_default_formats_follow_the_source():
+    assert builder.default_formats(None, None, None) == ("int4", "int4")
+    assert builder.default_formats(True, None, None) == ("bf16", "bf16")  # a tied GGUF head
+    assert builder.default_formats(False, None, None) == ("int4", "int4")  # an untied one
+    # An explicit 4-bit/int8 embedding on a GGUF gets a 4-bit head; explicit values are kept.
+    assert builder.default_formats(True, "int8", None) == ("int8", "int4")
+    assert builder.default_formats(True, "int4", "int4") == ("int4", "int4")
+    assert builder.default_formats(None, "bf16", "bf16") == ("bf16", "bf16")
+
+
+def test_gguf_ties_head_reads_the_file(tmp_path):
+    from tests.gguf_tiny import write_tiny_gguf
+
+    assert builder.gguf_ties_head(write_tiny_gguf(tmp_path / "q.gguf", "qwen2")) is True
+    assert builder.gguf_ties_head(write_tiny_gguf(tmp_path / "l.gguf", "llama")) is False
+
+
+def test_bf16_head_needs_a_bf16_embedding(tiny_llama, tmp_path):
+    with pytest.raises(int4.Int4FormatError, match="a bf16 head needs a bf16 input embedding"):
+        build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", progress=False, embedding="int4", head="bf16")
+    with pytest.raises(int4.Int4FormatError, match="head 'int8' is not supported"):
+        build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out2", progress=False, embedding="bf16", head="int8")
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_table_counts_bytes_by_class(tiny_llama, tmp_path):
     report = build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", group_size=128, progress=False)
     assert report.tensors[builder.LINEAR_4BIT] == 14

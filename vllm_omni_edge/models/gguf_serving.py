@@ -41,16 +41,22 @@ def build_dir(path: Path, digest: str, kind: str) -> Path:
     return cache_root() / "gguf" / "served" / f"{path.stem}-{digest[:16]}-{kind}"
 
 
-def _good(directory: Path) -> bool:
-    """Complete (directories appear whole) and, where a cpu_int4 manifest lists files, intact."""
+def _good(directory: Path, head: str | None = None) -> bool:
+    """Complete (directories appear whole), where a cpu_int4 manifest lists files intact, and
+    (``head``) built with the head format the builder now uses for a GGUF."""
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     if not (directory / "config.json").is_file():
         return False
     try:
-        verify_manifest(directory)
+        manifest = verify_manifest(directory)
     except Exception as exc:  # damaged or incomplete: rebuilt by the caller
         logger.warning("%s does not verify (%s); building it again", directory, exc)
+        return False
+    built_head = (manifest or {}).get("head", "int4")
+    if head is not None and built_head != head:
+        logger.info("%s was built with a %s head, the builder now keeps a %s one; building it again",
+                    directory, built_head, head)
         return False
     return True
 
@@ -58,7 +64,7 @@ def _good(directory: Path) -> bool:
 def serving_checkpoint(gguf: Path | str, *, show_progress: bool = True) -> Path:
     """The checkpoint directory to serve for ``gguf``, built on first use."""
     from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
-    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint, default_formats, gguf_ties_head
 
     path = Path(gguf).expanduser()
     if not path.is_file():
@@ -68,8 +74,13 @@ def serving_checkpoint(gguf: Path | str, *, show_progress: bool = True) -> Path:
             raise GgufServingError(f"{path} is not a GGUF file (no GGUF magic at its start)")
     digest = file_sha256(path, show_progress=show_progress)
     int4_dir, bf16_dir = build_dir(path, digest, "cpu_int4"), build_dir(path, digest, "bf16")
-    for directory in (int4_dir, bf16_dir):
-        if _good(directory):
+    try:
+        _, head = default_formats(gguf_ties_head(path), None, None)
+    except Exception as exc:  # unreadable past the magic: the build below names the problem
+        logger.warning("cannot read %s's tensors (%s)", path.name, exc)
+        head = None
+    for directory, expected_head in ((int4_dir, head), (bf16_dir, None)):
+        if _good(directory, expected_head):
             logger.info("serving %s from its build %s", path.name, directory)
             return directory
     logger.info("building %s from %s (once; later starts reuse it)", int4_dir.name, path)

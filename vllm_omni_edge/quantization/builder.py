@@ -11,7 +11,9 @@ embedding's lookups read the head kernel's bytes (``embedding.py``). An untied
 model gets ``model.embed_tokens.*`` and ``lm_head.*``. ``--embedding bf16``
 writes format 2 instead: the embedding copied unchanged, a tied head given its
 own 4-bit ``lm_head.*`` and ``tie_word_embeddings: false`` (vLLM's llama/qwen2
-would otherwise point the head at the bf16 embedding). The directory
+would otherwise point the head at the bf16 embedding). ``--head bf16`` keeps the output
+head unquantized (``lm_head: false``; with a bf16 embedding, so a tied head is stored once,
+as the embedding, and stays tied). The directory
 appears complete or not at all, carries a size/SHA-256 manifest that loading
 verifies, and is re-read and checked before it is published.
 """
@@ -79,6 +81,15 @@ LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
 )
 EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
 EMBEDDING_INT8 = "embedding int8"
+HEAD_BF16 = "head bf16"
+HEAD_FORMATS = ("int4", "bf16")
+DEFAULT_HEAD = "int4"
+# GGUF input with a tied head: the one head/embedding matrix is kept bf16. Re-quantizing it to 4 bits was
+# the largest loss measured, far beyond the run-to-run noise, for the cost of one matrix. An untied head
+# stays 4-bit: keeping it bf16 costs two matrices (the loader then needs the embedding bf16 too) for a
+# smaller gain (docs/edge/gguf.md, "Re-quantization").
+GGUF_TIED_HEAD = "bf16"
+GGUF_UNTIED_HEAD = "int4"
 EMBEDDING_PREFIX = EMBEDDING.removesuffix(".weight")
 
 
@@ -92,6 +103,7 @@ class BuildReport:
     group_size: int
     zero_point: str = DEFAULT_ZERO_POINT
     embedding: str = DEFAULT_EMBEDDING
+    head: str = DEFAULT_HEAD
     # prefix -> group size, for layers whose K the requested size does not divide.
     group_size_fallbacks: dict[str, int] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -105,8 +117,8 @@ class BuildReport:
         return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
 
     def table(self) -> str:
-        order = (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS, BIASES,
-                 OTHER)
+        order = (LINEAR_4BIT, HEAD_4BIT, HEAD_BF16, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS,
+                 BIASES, OTHER)
         rows = [r for r in order if self.tensors.get(r)]
         header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
         lines = ["{:<14} {:>7} {:>11} {:>12} {:>13}".format(*header)]
@@ -138,16 +150,24 @@ def build_cpu_int4_checkpoint(
     progress: bool = True,
     overwrite: bool = False,
     zero_point: str = DEFAULT_ZERO_POINT,
-    embedding: str = DEFAULT_EMBEDDING,
+    embedding: str | None = None,
+    head: str | None = None,
 ) -> BuildReport:
     """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``.
 
     ``embedding="int4"`` writes format 3 (input embedding 4-bit), ``"bf16"`` format 2.
+    ``head="bf16"`` leaves the output head unquantized; it needs ``embedding="bf16"``.
+    Left as None, both follow the source (:func:`default_formats`).
     """
     src, out = Path(src).expanduser(), Path(out).expanduser()
+    if src.suffix == ".gguf" and src.is_file():
+        embedding, head = default_formats(gguf_ties_head(src), embedding, head)
+    else:
+        embedding, head = default_formats(None, embedding, head)
     check_group_size(group_size)
     check_zero_point(zero_point)
     check_embedding_format(embedding)
+    check_head_format(head, embedding)
     if not src.exists():
         raise FileNotFoundError(f"source checkpoint not found: {src}")
     if out.exists() and not overwrite:
@@ -164,8 +184,40 @@ def build_cpu_int4_checkpoint(
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
             step = (lambda msg: logger.info("gguf: %s", msg)) if progress else None
             hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step)
-            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding)
-    return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding)
+            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding, head)
+    return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head)
+
+
+def gguf_ties_head(path: Path) -> bool:
+    """Whether a GGUF's head is its embedding matrix (no ``output.weight``, as the converter reads it)."""
+    from vllm_omni_edge.models.gguf_to_hf import _open_reader
+
+    return not any(t.name == "output.weight" for t in _open_reader(Path(path)).tensors)
+
+
+def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | None) -> tuple[str, str]:
+    """(embedding, head) for a build: what was asked, else the default for the source.
+
+    ``gguf_tied`` is None for a Hugging Face directory (int4 embedding, int4 head), else whether the
+    GGUF ties its head to the embedding: ``GGUF_TIED_HEAD`` or ``GGUF_UNTIED_HEAD``, with the bf16
+    embedding a bf16 head needs, unless an int4/int8 embedding was asked for (then a 4-bit head).
+    """
+    if head is None:
+        gguf_head = None if gguf_tied is None else (GGUF_TIED_HEAD if gguf_tied else GGUF_UNTIED_HEAD)
+        head = gguf_head if gguf_head and embedding in (None, "bf16") else DEFAULT_HEAD
+    if embedding is None:
+        embedding = "bf16" if head == "bf16" else DEFAULT_EMBEDDING
+    return embedding, head
+
+
+def check_head_format(head: str, embedding: str) -> None:
+    if head not in HEAD_FORMATS:
+        raise Int4FormatError(f"head {head!r} is not supported (supported: {', '.join(HEAD_FORMATS)})")
+    if head == "bf16" and embedding != "bf16":
+        raise Int4FormatError(
+            f"a bf16 head needs a bf16 input embedding (got embedding {embedding!r}): the loader quantizes "
+            "the embedding only together with a 4-bit head"
+        )
 
 
 def _read_source_config(src: Path) -> dict:
@@ -228,16 +280,19 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
-                       zero_point: str, embedding: str = DEFAULT_EMBEDDING) -> BuildReport:
+                       zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD) -> BuildReport:
     config = _read_source_config(src)
     with contextlib.ExitStack() as stack:
         report, written, quantized_prefixes = _quantize_tensors(
-            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding
+            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head
         )
-    tied = embedding == "int4" and report.tensors.get(TIED_4BIT, 0) > 0
-    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied)
-    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding%s)", out, group_size,
-                zero_point, embedding, ", tied head" if tied else "")
+    if head == "bf16":
+        tied = HEAD not in written  # the head is the stored embedding
+    else:
+        tied = embedding == "int4" and report.tensors.get(TIED_4BIT, 0) > 0
+    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied, head)
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding, %s head%s)", out,
+                group_size, zero_point, embedding, head, ", tied" if tied else "")
     return report
 
 
@@ -245,6 +300,7 @@ def _quantize_tensors(
     src: Path, out: Path, where: dict, config: dict, group_size: int, progress: bool,
     zero_point: str = DEFAULT_ZERO_POINT,
     embedding: str = DEFAULT_EMBEDDING,
+    head: str = DEFAULT_HEAD,
 ):
     """All output tensors in memory, and the report of what was done to each class."""
     from tqdm import tqdm
@@ -258,7 +314,7 @@ def _quantize_tensors(
             f"{src} has no {HEAD} and does not tie it to {EMBEDDING}; cannot build the output head"
         )
 
-    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding)
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head)
     # Format 3: the embedding 4-bit; a tied matrix once, as the embedding (the head shares it at load).
     tied_int4 = embedding == "int4" and head_source == EMBEDDING
     written: dict[str, torch.Tensor] = {}
@@ -306,9 +362,18 @@ def _quantize_tensors(
         report.tensors[row] += 1
         report.source_bytes[row] += size
         report.written_bytes[row] += size
-    if not tied_int4:
+    if head == "bf16":
+        if head_source == HEAD:  # untied: its own matrix, unchanged; tied: it is the stored embedding
+            tensor = where[HEAD].get_tensor(HEAD)
+            if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
+                raise Int4FormatError(f"{HEAD}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
+            written[HEAD] = tensor.contiguous()
+            report.tensors[HEAD_BF16] += 1
+            report.source_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
+            report.written_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
+    elif not tied_int4:
         store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT)
-    if head_source == EMBEDDING and not tied_int4:
+    if head_source == EMBEDDING and not tied_int4 and head != "bf16":
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
     if not report.tensors.get(LINEAR_4BIT):
         raise UnsupportedCheckpointError(
@@ -327,6 +392,7 @@ def _write_checkpoint(
     quantized_prefixes: list[str],
     embedding: str = DEFAULT_EMBEDDING,
     tied: bool = False,
+    head: str = DEFAULT_HEAD,
 ) -> None:
     from safetensors.torch import save_file
 
@@ -340,7 +406,7 @@ def _write_checkpoint(
         "bits": BITS,
         "group_size": group_size,
         "format_version": version,
-        "lm_head": True,
+        "lm_head": head == "int4",
         "zero_point": zero_point,
     }
     if version >= 3:
@@ -361,9 +427,9 @@ def _write_checkpoint(
             tmp,
             [OUTPUT_WEIGHTS, "config.json"],
             {"quant_method": QUANT_METHOD, "format_version": version, "group_size": group_size,
-             "zero_point": zero_point, "embedding": embedding},
+             "zero_point": zero_point, "embedding": embedding, "head": head},
         )
-        _verify_written(tmp, quantized_prefixes, embedding, tied)
+        _verify_written(tmp, quantized_prefixes, embedding, tied, head)
 
 
 def _is_copied_metadata(path: Path) -> bool:
@@ -376,7 +442,7 @@ def _is_copied_metadata(path: Path) -> bool:
 
 
 def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: str = DEFAULT_EMBEDDING,
-                    tied: bool = False) -> None:
+                    tied: bool = False, head: str = DEFAULT_HEAD) -> None:
     """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit."""
     from safetensors import safe_open
 
@@ -401,11 +467,14 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
         if tied:
             if any(n.startswith("lm_head.") for n in names):
                 problems.append("a tied head is stored as the embedding, but lm_head.* tensors were written")
+        elif head == "bf16":
+            if HEAD not in names or "lm_head.qweight" in names:
+                problems.append("the output head lm_head is not stored bf16")
         elif "lm_head.qweight" not in names:
             problems.append("the output head lm_head is not stored 4-bit")
         if embedding != "bf16" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
             problems.append(f"the input embedding is not stored {embedding}")
-        leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or n == HEAD]
+        leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or (n == HEAD and head != "bf16")]
         if leftovers:
             problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
     if problems:
@@ -434,11 +503,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--embedding",
-        default=DEFAULT_EMBEDDING,
+        default=None,
         choices=EMBEDDING_FORMATS,
         help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
         "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
-        "a tied head given its own 4-bit copy (format 2). Default: %(default)s",
+        "a tied head given its own 4-bit copy (format 2). Default: int4, bf16 for a GGUF whose head is "
+        "kept bf16",
+    )
+    parser.add_argument(
+        "--head",
+        default=None,
+        choices=HEAD_FORMATS,
+        help="int4: the output head 4-bit; bf16: left unquantized (needs --embedding bf16; a tied head "
+        f"stays tied to the bf16 embedding). Default: int4; {GGUF_TIED_HEAD} for a GGUF whose head is its "
+        "embedding (unless --embedding int4/int8)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -449,7 +527,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = build_cpu_int4_checkpoint(
             args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite,
-            zero_point=args.zero_point, embedding=args.embedding,
+            zero_point=args.zero_point, embedding=args.embedding, head=args.head,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
