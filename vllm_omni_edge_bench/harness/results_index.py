@@ -118,8 +118,17 @@ def _gguf_check(run: Path) -> tuple[str, str] | None:
     return f"GGUF file converted and scored against llama.cpp: {_one_line(record['source'])}", record["box"]
 
 
+def _gguf_requant(run: Path) -> tuple[str, dict | None] | None:
+    if not (run / "requant.json").is_file():
+        return None
+    record = _json(run / "requant.json")
+    cpu = _json(run / "provenance.json").get("cpu") if (run / "provenance.json").is_file() else None
+    return (f"GGUF re-quantized to cpu_int4, KLD against the GGUF's own dequantization: "
+            f"{record['label']} ({len(record['results'])} file(s))", cpu or record.get("box"))
+
+
 KINDS: tuple[Callable[[Path], tuple[str, Any] | None], ...] = (
-    _grid, _kernel_paths, _decode_profile, _floor, _omni_stages, _reliability, _gguf_check)
+    _grid, _kernel_paths, _decode_profile, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant)
 
 
 def describe(run: Path) -> tuple[str, str]:
