@@ -76,6 +76,11 @@ def test_openai_client_and_its_fields(server):
     verbose = transcribe(server, wav("fox").read_bytes(), response_format="verbose_json").json()
     assert verbose["language"] == "en" and verbose["duration"] == pytest.approx(3.44, abs=0.01)
     assert verbose["segments"] and verbose["segments"][0]["text"].strip() == verbose["text"].strip()
+    with open(wav("fox"), "rb") as fh:
+        plain = client.audio.transcriptions.create(
+            model=SERVED, file=fh, language="en", temperature=0.0, response_format="text")
+    assert isinstance(plain, str) and not plain.lstrip().startswith("{"), plain
+    assert plain.strip() == verbose["text"].strip()
 
 
 @pytest.mark.xfail(strict=True, reason="not fixed yet: with a prompt vLLM 0.30 stops after a few words "
