@@ -207,6 +207,9 @@ FLAGS: tuple[Flag, ...] = (
            ("patches/worker/checkpoint_read_per_tensor.py",), ("read", "mmap"), "read"),
     Switch("VLLM_OMNI_EDGE_HEAP_TRIM", "heap freed while loading returned to the OS with glibc's "
            "malloc_trim (1); or left to glibc (0)", LEVER, ("patches/worker/heap_trim.py",)),
+    Switch("VLLM_OMNI_EDGE_IDLE_TRIM", "heap freed by requests returned to the OS with glibc's "
+           "malloc_trim each time the engine goes idle (1); or left to glibc (0)", LEVER,
+           ("patches/worker/idle_trim.py",)),
     # cpu_int4.
     Choice("VLLM_OMNI_EDGE_INT4_LOAD", "cpu_int4 online quantization per layer as it is loaded "
            "(layerwise); or after the whole bf16 model (whole)", LEVER, ("quantization/linear.py",),

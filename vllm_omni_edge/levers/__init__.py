@@ -25,6 +25,7 @@ INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
+IDLE_TRIM_ENV = "VLLM_OMNI_EDGE_IDLE_TRIM"
 CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
@@ -130,6 +131,10 @@ def lazy_imports_enabled() -> bool:
 
 def heap_trim_enabled() -> bool:
     return envs.get(HEAP_TRIM_ENV)
+
+
+def idle_trim_enabled() -> bool:
+    return envs.get(IDLE_TRIM_ENV)
 
 
 def checkpoint_read_mode() -> str:

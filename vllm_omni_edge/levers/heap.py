@@ -27,12 +27,14 @@ def _libc():
     return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 
 
-def trim_heap() -> dict:
-    """``gc.collect()`` then ``malloc_trim(0)``; anonymous RSS before and after."""
+def trim_heap(collect: bool = True) -> dict:
+    """``gc.collect()`` (unless ``collect`` is False) then ``malloc_trim(0)``; anonymous RSS
+    before and after."""
     libc = _libc()
     if libc is None:
         return {"trimmed": False, "reason": f"libc is {platform.libc_ver()[0] or 'unknown'}, not glibc"}
-    gc.collect()
+    if collect:
+        gc.collect()
     before = rss_anon_bytes()
     returned_pages = bool(libc.malloc_trim(0))
     after = rss_anon_bytes()
