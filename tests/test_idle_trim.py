@@ -102,3 +102,27 @@ def test_trim_heap_without_collect_skips_gc(monkeypatch):
     result = heap.trim_heap(collect=False)
     assert calls == []
     assert "trimmed" in result
+
+
+def test_llm_run_engine_trims_once_after_it_returns_the_outputs():
+    calls = []
+
+    class FakeLLM:
+        def _run_engine(self, *, use_tqdm=False):
+            calls.append("run")
+            return ["out"]
+
+    original = FakeLLM._run_engine
+    for _ in range(2):  # wrapped once
+        idle_trim.wrap_method_once(FakeLLM, "_run_engine",
+                                   lambda o: idle_trim.make_run_engine_wrapper(o, trim=lambda: calls.append("trim") or {"ok": 1}),
+                                   marker="__edge_idle_trim__")
+    assert FakeLLM._run_engine.__wrapped__ is original
+    assert FakeLLM()._run_engine(use_tqdm=False) == ["out"]
+    assert calls == ["run", "trim"] and idle_trim.last_idle_trim == {"ok": 1}
+
+
+def test_the_real_llm_has_the_method_the_patch_wraps():
+    from vllm.entrypoints import llm
+
+    assert callable(llm.LLM._run_engine)

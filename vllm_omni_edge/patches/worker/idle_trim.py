@@ -4,7 +4,9 @@ What: wraps ``EngineCoreProc._process_input_queue`` (the engine core's wait for 
 whichever process or thread runs the busy loop). When the engine has stepped since the
 last trim and now has no work and nothing queued, it calls glibc's ``malloc_trim(0)``
 (no ``gc.collect()``: reference counting already freed the requests' objects) before it
-waits, once per busy-to-idle transition, and keeps the last result for the log.
+waits, once per busy-to-idle transition, and keeps the last result for the log. ``LLM()``
+with its engine in the calling process has no such loop: there ``LLM._run_engine`` trims
+once it has returned every output (the engine is idle until the next call).
 Why: a request's transient allocations (an encoder's activations and attention scores,
 the audio features, the output buffers) are freed into glibc's arenas, which keep them
 resident: ``heap_trim`` only trims after loading and warm-up, so the first requests
@@ -23,11 +25,12 @@ from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.engine.core"
+LLM_MODULE = "vllm.entrypoints.llm"
 
 RECORD = PatchRecord(
     name="idle_trim",
     kind=Kind.LEVER,
-    target="vllm.v1.engine.core.EngineCoreProc._process_input_queue",
+    target="vllm.v1.engine.core.EngineCoreProc._process_input_queue; vllm.entrypoints.llm.LLM._run_engine",
     process=Process.WORKER,
     why="Heap freed by requests' temporaries (Whisper's encoder activations) stays resident "
     "in glibc's arenas after serving; malloc_trim when the engine goes idle returns it.",
@@ -84,11 +87,31 @@ def _wrap(module) -> None:
                      marker="__edge_idle_trim__")
 
 
+def make_run_engine_wrapper(original, trim=None):
+    def _run_engine(self, *args, **kwargs):
+        global last_idle_trim
+        outputs = original(self, *args, **kwargs)
+        if trim is None:
+            from vllm_omni_edge.levers.heap import trim_heap
+
+            last_idle_trim = trim_heap(collect=False)
+        else:
+            last_idle_trim = trim()
+        return outputs
+
+    return _run_engine
+
+
+def _wrap_llm(module) -> None:
+    wrap_method_once(module.LLM, "_run_engine", make_run_engine_wrapper, marker="__edge_idle_trim__")
+
+
 def apply() -> str:
     from vllm_omni_edge.levers import idle_trim_enabled
 
     if not idle_trim_enabled():
         return "VLLM_OMNI_EDGE_IDLE_TRIM=0: heap freed by requests left to glibc"
     now = when_imported(TARGET_MODULE, _wrap)
-    return ("EngineCoreProc trims the heap when it goes idle"
+    when_imported(LLM_MODULE, _wrap_llm)
+    return ("EngineCoreProc, and LLM() after each call, trim the heap when the engine goes idle"
             + ("" if now else " (on import)"))
