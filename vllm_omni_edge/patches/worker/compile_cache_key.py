@@ -15,8 +15,8 @@ forced to another kernel and the first forward died: ``KeyError: 'scales_and_zer
 (2026-12-01, SmolLM2 cpu_int4, one process). With this factor each choice gets its own
 cache directory; an unchanged start still loads its own.
 Verified by: tests/test_compile_cache_key.py (the factor follows the kernels and the graph-shaping
-levers, not other flags; its place in vLLM's key; idempotent); the compiled arms of ``results/2026-12-01-w4a8-vnni-qwen/grid.yaml`` assert
-``compile_cache.aot_loaded`` with two kernels sharing one cache root.
+levers, not other flags; its place in vLLM's key; idempotent); compiled grid arms assert ``compile_cache.aot_loaded`` with two kernels
+sharing one cache root (the run is named in the RECORD's ``verified_by``).
 Remove when: vLLM lets a quantization method add to the compile cache key (or hashes the
 model's parameter names), so a kernel switch is a different key upstream.
 """

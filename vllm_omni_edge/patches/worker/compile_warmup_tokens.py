@@ -17,8 +17,8 @@ Flag: ``VLLM_OMNI_EDGE_COMPILE_WARMUP=full`` restores vLLM's full-size warm-up (
 stays, so the evidence records either size).
 Verified by: tests/test_compile_warmup_tokens.py (the runner sees 16 during the call and
 its own value after, also when the warm-up raises; the flag; idempotence);
-``results/2026-12-01-compile-warmup-qwen/grid.yaml`` (compiled arm, short vs full warm-up: start time,
-decode and prefill speed, and the evidence ``compile_warmup_tokens``).
+a grid of the compiled arm, short vs full warm-up (start time, decode and prefill speed, the
+evidence ``compile_warmup_tokens``), named in the RECORD's ``verified_by``.
 Remove when: vLLM's CPU warm-up runs a small dummy batch for dynamic-shape compiles.
 """
 

@@ -27,8 +27,7 @@ Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
 idempotent; one call: same cache and output as vLLM's two calls, padded and not, and the
-backend's flag set); decode in ``results/2026-12-01-cpp-wrapper-default/grid.yaml`` (A/B),
-``results/2026-12-01-attention-calls-default/grid.yaml`` and ``grids/fused-mlp-default.yaml`` (one call).
+backend's flag set); decode A/B grids, named in the RECORD's ``verified_by``.
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
 without the keyword wrappers (or the attention moves into the compiled graph).
 """

@@ -16,7 +16,7 @@ Flag: ``VLLM_OMNI_EDGE_EAGER_SAMPLER=0`` keeps vLLM's compiled sampler (the A/B 
 Verified by: tests/test_cpu_random_sample.py (draws follow the softmax, chi-square on
 a 4-token vocabulary; tokens with probability 0 are never drawn; ``forward_cpu`` runs no
 dynamo compile; idempotent); the ``cold_start`` workload's ``first sampled request``
-figure in ``results/2026-12-01-start-up-default/grid.yaml``.
+figure (the run is named in the RECORD's ``verified_by``).
 Remove when: vLLM's CPU sampler stops compiling on the first request (or the compile
 is cached across processes and costs < 0.1 s).
 """
