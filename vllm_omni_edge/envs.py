@@ -289,8 +289,9 @@ VLLM_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("VLLM_ENABLE_V1_MULTIPROCESSING", "unset: `LLM()` runs its engine and model in the calling "
      "process (tensor, pipeline or data parallel get vLLM's layout anyway); 1: vLLM's processes, "
      "for `LLM()` and the server", "patches/frontend/llm_in_process.py, levers/__init__.py"),
-    ("VLLM_PLUGINS", "unset: `vllm-omni-edge serve` leaves vLLM-Omni's general plugin out for a "
-     "model it does not register; set: yours", "cli/plugin_selection.py"),
+    ("VLLM_PLUGINS", "unset: `LLM()`, `vllm serve` and `vllm-omni-edge serve` leave vLLM-Omni's "
+     "general plugin out for a model it does not register; set: yours",
+     "plugin_selection.py, patches/frontend/omni_plugin_by_model.py"),
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -179,6 +180,8 @@ def collect_worker_evidence(worker) -> dict:
         # vLLM-Omni stage workers: which stage of the pipeline this worker runs.
         "omni_stage": getattr(worker.model_config, "model_stage", None),
         "omni_stage_id": getattr(worker.model_config, "stage_id", None),
+        # vLLM-Omni's package in this process (patches/frontend/omni_plugin_by_model.py).
+        "vllm_omni_imported": "vllm_omni" in sys.modules,
         "amx_tiles": "amx_tile" in cpu_flags(),
         "attention_isa": attention_isa,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),

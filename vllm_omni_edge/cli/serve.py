@@ -195,17 +195,6 @@ def _select_process_layout(single_process: bool | None) -> None:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 
-def _select_plugins(model: str | None) -> None:
-    """Leave vLLM-Omni's general plugin out for a model it does not register (plugin_selection)."""
-    from vllm_omni_edge.cli.plugin_selection import text_model_plugins
-
-    plugins = text_model_plugins(model, os.environ) if model else None
-    if plugins is not None:
-        os.environ["VLLM_PLUGINS"] = plugins
-        print(f"vllm-omni-edge serve: VLLM_PLUGINS={plugins} (the model is not a vLLM-Omni "
-              "architecture; set VLLM_PLUGINS to choose yourself)", file=sys.stderr)
-
-
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main, pause_collection_for_start
 
@@ -219,7 +208,6 @@ def serve(args: list[str]) -> int | None:
         argv = ["vllm", "serve", *args_with_defaults]
         _check_request_limit()
         _check_listen_address(argv[2:])
-        _select_plugins(named_model(argv[2:]))
         print(stated, file=sys.stderr, flush=True)
     sys.argv = argv
     return vllm_main(apply_serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)

@@ -4,7 +4,8 @@ Besides the version lookup fix, it exits non-zero when the server stopped becaus
 the engine died (patches/frontend/engine_death_exit.py), for plain ``vllm serve``
 as for ``vllm-omni-edge serve``, so a supervisor restarts either. ``vllm serve`` gets the
 same edge serving defaults as ``vllm-omni-edge serve`` (cli/serving_defaults.py), stated in
-one line; the user's flags win.
+one line; the user's flags win. Both leave vLLM-Omni's general plugin out for a model it does
+not register (``plugin_selection.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main(apply_serving_defaults: bool = True) -> int | None:
 
             sys.argv[2:], stated = serving_defaults(sys.argv[2:], "vllm serve")
             print(stated, file=sys.stderr, flush=True)
+        select_plugins(sys.argv[2:], "vllm serve" if apply_serving_defaults else "vllm-omni-edge serve")
     install_interpreter_hooks()  # a venv set up without scripts/setup.sh's .pth
     apply_cli_patches()
     resume_unless_in_force()  # nothing would turn collection back on
@@ -49,6 +51,25 @@ def pause_collection_for_start(program: str) -> None:
         startup_gc.pause()
     except envs.FlagError as err:
         raise SystemExit(f"{program}: {err}") from None
+
+
+def select_plugins(args: list[str], program: str) -> None:
+    """Leave vLLM-Omni's general plugin out for a model it does not register (plugin_selection).
+
+    Here, not in a patch: vLLM's argument parser loads the general plugins before it reads
+    the model.
+    """
+    import os
+
+    from vllm_omni_edge.cli.serving_defaults import named_model
+    from vllm_omni_edge.plugin_selection import text_model_plugins
+
+    model = named_model(args)
+    plugins = text_model_plugins(model, os.environ) if model else None
+    if plugins is not None:
+        os.environ["VLLM_PLUGINS"] = plugins
+        print(f"{program}: VLLM_PLUGINS={plugins} (the model is not a vLLM-Omni "
+              "architecture; set VLLM_PLUGINS to choose yourself)", file=sys.stderr)
 
 
 def asks_for_help(args: list[str]) -> bool:

@@ -21,6 +21,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.kv_resident_as_used",
     "vllm_omni_edge.patches.frontend.single_process",
     "vllm_omni_edge.patches.frontend.llm_in_process",
+    "vllm_omni_edge.patches.frontend.omni_plugin_by_model",
     "vllm_omni_edge.patches.frontend.engine_start_gc",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
@@ -64,6 +65,7 @@ CLI_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.api_key_all_routes",
     "vllm_omni_edge.patches.frontend.engine_death_exit",
     "vllm_omni_edge.patches.frontend.startup_gc",
+    "vllm_omni_edge.patches.frontend.omni_plugin_by_model",
 )
 
 ALL_PATCHES: tuple[str, ...] = tuple(dict.fromkeys(PLUGIN_PATCHES + CLI_PATCHES))

@@ -1,14 +1,14 @@
-"""Which of vLLM's general plugins ``vllm-omni-edge serve`` loads for the model it serves.
+"""Which of vLLM's general plugins a process loads for the model it runs.
 
 vLLM loads every ``vllm.general_plugins`` entry point in every process unless
 ``VLLM_PLUGINS`` names the ones to load. vLLM-Omni's (``register_omni_models_to_vllm``)
-imports all of ``vllm_omni`` to register its architectures: 0.75 s of a 3.8 s ``LLM()``
-on a quiet AMX box and 18 MiB (``2026-12-01-start-up-levers-default``), for nothing when
-the model is not one of them. So when the user has not set ``VLLM_PLUGINS`` and the
-model's ``config.json`` names no vLLM-Omni architecture, serve sets ``VLLM_PLUGINS`` to
-every general plugin except vLLM-Omni's. Setting ``VLLM_PLUGINS`` yourself (to any
-list) keeps vLLM's behaviour; so does a GGUF file, a missing ``config.json``, or a
-vLLM-Omni whose registry we cannot read.
+imports all of ``vllm_omni`` to register its architectures: time and resident memory for
+nothing when the model is not one of them. So when the user has not set ``VLLM_PLUGINS``
+and the model's ``config.json`` names no vLLM-Omni architecture, the servers
+(``cli/vllm_entry.py``) and ``LLM()`` (``patches/frontend/omni_plugin_by_model.py``) load
+every general plugin except vLLM-Omni's. Setting ``VLLM_PLUGINS`` yourself (to any list)
+keeps vLLM's behaviour; so does a GGUF file, a missing ``config.json``, or a vLLM-Omni whose
+registry we cannot read.
 """
 
 from __future__ import annotations
