@@ -210,6 +210,9 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_IDLE_TRIM", "heap freed by requests returned to the OS with glibc's "
            "malloc_trim each time the engine goes idle (1); or left to glibc (0)", LEVER,
            ("patches/worker/idle_trim.py",)),
+    Switch("VLLM_OMNI_EDGE_CODE_PAGES", "clean code pages of the loaded libraries unmapped after "
+           "warm-up, resident again as they run (1); or left mapped (0)", LEVER,
+           ("patches/worker/startup_code_pages.py", "levers/code_pages.py")),
     # cpu_int4.
     Choice("VLLM_OMNI_EDGE_INT4_LOAD", "cpu_int4 online quantization per layer as it is loaded "
            "(layerwise); or after the whole bf16 model (whole)", LEVER, ("quantization/linear.py",),

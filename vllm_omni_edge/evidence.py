@@ -167,6 +167,8 @@ def collect_worker_evidence(worker) -> dict:
         "heap_trim": _heap_trim(),
         "checkpoint_read": _checkpoint_read(),
         "heap_trim_after_warmup": _heap_trim("last_warmup_trim"),
+        # Clean library code pages unmapped after warm-up (patches/worker/startup_code_pages.py).
+        "startup_code_pages": _startup_code_pages(),
         **_rms_norm_dispatch(model),
         "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
         # One value an arm can expect: the longest spin; None with no shm queue (model in the engine core).
@@ -293,6 +295,12 @@ def _heap_trim(which: str = "last_trim") -> dict | None:
     from vllm_omni_edge.patches.worker import heap_trim
 
     return getattr(heap_trim, which)
+
+
+def _startup_code_pages() -> dict | None:
+    from vllm_omni_edge.patches.worker import startup_code_pages
+
+    return startup_code_pages.last_drop
 
 
 def _checkpoint_read() -> dict:

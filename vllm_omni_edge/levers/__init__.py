@@ -26,6 +26,7 @@ INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 IDLE_TRIM_ENV = "VLLM_OMNI_EDGE_IDLE_TRIM"
+CODE_PAGES_ENV = "VLLM_OMNI_EDGE_CODE_PAGES"
 CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
@@ -135,6 +136,10 @@ def heap_trim_enabled() -> bool:
 
 def idle_trim_enabled() -> bool:
     return envs.get(IDLE_TRIM_ENV)
+
+
+def code_pages_drop_enabled() -> bool:
+    return envs.get(CODE_PAGES_ENV)
 
 
 def checkpoint_read_mode() -> str:

@@ -40,6 +40,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.checkpoint_read_per_tensor",
     "vllm_omni_edge.patches.worker.heap_trim",
     "vllm_omni_edge.patches.worker.idle_trim",
+    "vllm_omni_edge.patches.worker.startup_code_pages",
     "vllm_omni_edge.patches.worker.shm_reader_wait",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.common.torchvision_native_ops",
