@@ -618,7 +618,8 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("src", help="bf16/fp16/fp32 Hugging Face checkpoint directory, or a .gguf file")
+    parser.add_argument("src", help="bf16/fp16/fp32 Hugging Face checkpoint directory (a llama, mistral, qwen2/3 "
+                        "or whisper model), or a .gguf file")
     parser.add_argument("out", help="directory to write (appears only when complete)")
     parser.add_argument(
         "--group-size",
@@ -644,7 +645,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
         "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
         "a tied head given its own 4-bit copy (format 2). Default: int4, bf16 for a GGUF whose head is "
-        "kept bf16",
+        "kept bf16; a Whisper checkpoint keeps its embedding as stored (only bf16, meaning that, is taken)",
     )
     parser.add_argument(
         "--head",
