@@ -77,8 +77,8 @@ from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest,
 logger = get_logger("quantize")
 
 QUANT_METHOD = "cpu_int4"
-# Architectures whose tensor names the classifier below knows (llama-style
-# decoder). Only llama (SmolLM2) has been run end to end.
+# Architectures whose tensor names the classifiers below know: llama-style decoders, and
+# Whisper's encoder-decoder. Run end to end: llama (SmolLM2), qwen2 (Qwen2.5-Coder), whisper.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "whisper")
 ENCODER_DECODER_MODEL_TYPES = ("whisper",)
 LINEAR_WEIGHT = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
