@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NAME = "whisper-base:cpu_int4"
 SERVED = "whisper-int4"  # not NAME: serve rewrites arguments equal to the embedded name
 # The bound is the float checkpoint's (tests/e2e/test_whisper_serve.py): 4-bit weights must not
-# cost a transcript more than the float model is allowed. Measured on the fixtures (greedy,
-# English, 2-core Zen 4): float 5 errors in 53 words, cpu_int4 4 (different words); a
-# quantization that broke a layer (a shard in the wrong rows, a k bias not zero) answers noise.
+# cost a transcript more than the float model is allowed. The per-fixture transcripts of both are
+# in docs/edge/speech.md; a quantization that broke a layer (a shard in the wrong rows, a k bias
+# not zero) answers noise, far above the bound.
 
 
 @pytest.fixture(scope="module")
