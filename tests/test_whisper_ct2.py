@@ -354,8 +354,7 @@ def test_pull_joins_checks_converts_once(isolated_cache, tmp_path, monkeypatch):
 def test_whisper_base_is_an_embedded_name(isolated_cache):
     assert dm.resolve_model_name("whisper-base") == isolated_cache / "models" / "whisper-base"
     assert dm.embedded_model("whisper-base") is dm.WHISPER_BASE
-    with pytest.raises(ValueError, match="speech model"):
-        dm.pull_cpu_int4_model(dm.WHISPER_BASE)
+    assert dm.resolve_model_name("whisper-base:cpu_int4") == isolated_cache / "models" / "whisper-base-cpu_int4"
     assert len(dm.WHISPER_BASE.wheel_requirements) == len(dm.WHISPER_BASE.model_bin_members) == 2
 
 
@@ -430,8 +429,11 @@ def test_transformers_on_the_checkpoint_matches_faster_whisper_float32(whisper_b
         assert hf_text == fw_text, key
 
 
-def test_cli_refuses_cpu_int4_for_whisper(capsys):
+def test_cli_pulls_whisper_with_cpu_int4(capsys, monkeypatch, tmp_path):
     from vllm_omni_edge.cli.main import main
 
-    assert main(["models", "pull", "whisper-base", "--cpu-int4"]) == 2
-    assert "whisper-base is a speech model" in capsys.readouterr().err
+    calls = []
+    monkeypatch.setattr(dm, "pull_cpu_int4_model", lambda model, **_: calls.append(model) or tmp_path)
+    assert main(["models", "pull", "whisper-base", "--cpu-int4"]) == 0
+    assert calls == [dm.WHISPER_BASE]  # the build itself: tests/quantization/test_whisper_int4.py
+    assert str(tmp_path) in capsys.readouterr().out

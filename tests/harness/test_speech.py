@@ -58,7 +58,18 @@ def test_settings_are_completed_with_their_defaults():
     assert grid.arm("cpp").faster_whisper is None
 
 
+def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
+    grid, _ = load_grid(GRID.with_name("speech-whisper-base-int4.yaml"))
+    base, _ = load_grid(GRID)
+    int4 = grid.arm("serve-cpu-int4")
+    assert (int4.engine, int4.model, int4.env, int4.llm_kwargs) == ("speech-server", "whisper-base:cpu_int4", {}, {})
+    assert grid.control == base.control and grid.passes == base.passes and grid.workloads == base.workloads
+    assert [a for a in grid.arms if a.name != "serve-cpu-int4"] == base.arms
+
+
 @pytest.mark.parametrize("arm, says", [
+    ({"name": "x", "engine": "faster-whisper", "model": "whisper-base:cpu_int4"}, "embedded speech model name"),
+    ({"name": "x", "engine": "speech-server", "model": "default:cpu_int4"}, "embedded speech model name"),
     ({"name": "x", "engine": "whispercpp", "model": "whisper-base", "faster_whisper": {}},
      "`faster_whisper` settings on a whispercpp arm"),
     ({"name": "x", "engine": "faster-whisper", "model": "default"}, "embedded speech model name"),

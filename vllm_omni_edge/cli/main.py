@@ -25,14 +25,10 @@ def _cmd_pull(args) -> int:
     from tqdm import tqdm
 
     from vllm_omni_edge.models.default_model import (
-        EMBEDDED_MODELS, SPEECH_MODELS, embedded_model, pull_cpu_int4_model, pull_model,
+        embedded_model, pull_cpu_int4_model, pull_model,
     )
 
     model = embedded_model(args.name)
-    if args.cpu_int4 and args.name in SPEECH_MODELS:
-        print(f"error: {args.name} is a speech model; --cpu-int4 builds only the LLMs "
-              f"({', '.join(EMBEDDED_MODELS)})", file=sys.stderr)
-        return 2
     pull = pull_cpu_int4_model if args.cpu_int4 else pull_model
     with tqdm(desc=model.name, unit="step") as bar:
         path = pull(model, force=args.force, progress=lambda msg: (bar.set_postfix_str(msg), bar.update()))
@@ -109,8 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     pull_any.add_argument("name", choices=sorted({**EMBEDDED_MODELS, **SPEECH_MODELS}))
     pull_any.add_argument("--force", action="store_true", help="rebuild even if the cache is good")
     pull_any.add_argument("--cpu-int4", action="store_true",
-                          help="also build its cpu_int4 checkpoint (group 32, float offsets); "
-                          "grids and `serve` call it NAME:cpu_int4")
+                          help="also build its cpu_int4 checkpoint (group 32, float offsets; for whisper-base "
+                          "its encoder and decoder linears, the rest as stored); grids and `serve` call it "
+                          "NAME:cpu_int4")
     pull_any.set_defaults(func=_cmd_pull)
 
     sub.add_parser(

@@ -103,7 +103,7 @@ WHISPER_BASE = EmbeddedSpeechModel(
     ct2_name="faster-whisper-base",
     license="MIT (OpenAI Whisper base; CTranslate2 conversion: Systran/faster-whisper-base)",
 )
-# Speech models: `models pull NAME` and `serve NAME` take them too (no cpu_int4 build).
+# Speech models: `models pull NAME [--cpu-int4]` and `serve NAME[:cpu_int4]` take them too.
 SPEECH_MODELS = {"whisper-base": WHISPER_BASE}
 
 # The question the demo and the tests ask. The default model answers it with a clear margin
@@ -147,25 +147,26 @@ CPU_INT4_SUFFIX = ":cpu_int4"
 DEMO_WEIGHTS = ("cpu_int4", "bf16")
 
 
-def cpu_int4_model_dir(model: EmbeddedModel) -> Path:
+def cpu_int4_model_dir(model: EmbeddedModel | EmbeddedSpeechModel) -> Path:
     return cache_root() / "models" / f"{model.name}-cpu_int4"
 
 
 def resolve_model_name(name: str) -> Path | None:
     """The cached directory an embedded model name stands for, or None if it is not one."""
-    if name in SPEECH_MODELS:
-        return model_dir(SPEECH_MODELS[name])
     base, int4 = (name[: -len(CPU_INT4_SUFFIX)], True) if name.endswith(CPU_INT4_SUFFIX) else (name, False)
-    if base not in EMBEDDED_MODELS:
+    models = {**EMBEDDED_MODELS, **SPEECH_MODELS}
+    if base not in models:
         return None
-    model = EMBEDDED_MODELS[base]
+    model = models[base]
     return cpu_int4_model_dir(model) if int4 else model_dir(model)
 
 
-def pull_cpu_int4_model(model: EmbeddedModel, *, force: bool = False, progress=None) -> Path:
-    """Build (once) the cpu_int4 checkpoint of an embedded model with the builder's defaults."""
-    if isinstance(model, EmbeddedSpeechModel):
-        raise ValueError(f"{model.name} is a speech model; there is no cpu_int4 build of it")
+def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bool = False,
+                        progress=None) -> Path:
+    """Build (once) the cpu_int4 checkpoint of an embedded model with the builder's defaults.
+
+    For a speech model the source is its transformers checkpoint (float16); the builder
+    stores its linears 4-bit and keeps the rest as stored (quantization/builder.py)."""
     from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
     from vllm_omni_edge.quantization.manifest import verify_manifest
 

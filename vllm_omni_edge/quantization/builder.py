@@ -15,7 +15,21 @@ would otherwise point the head at the bf16 embedding). ``--head bf16`` keeps the
 head unquantized (``lm_head: false``; with a bf16 embedding, so a tied head is stored once,
 as the embedding, and stays tied). The directory
 appears complete or not at all, carries a size/SHA-256 manifest that loading
-verifies, and is re-read and checked before it is published.
+verifies (and lists the layers stored 4-bit and the tensor classes kept), and is
+re-read and checked before it is published.
+
+Whisper (an encoder-decoder) is taken too: every linear vLLM's Whisper builds with the
+quantization config -- encoder and decoder self-attention q/k/v/out, cross-attention
+q/k/v/out, fc1/fc2 -- is stored 4-bit under its Hugging Face name (vLLM's loader stacks
+q/k/v into ``qkv_proj`` and the cross-attention k/v into ``kv_proj`` by output offset, as
+for a llama's q/k/v). The conv front end, both positional embeddings, the layer norms,
+the biases and the token embedding stay as stored, and the output head stays tied to that
+embedding (``lm_head: false``): vLLM's Whisper builds its token embedding as a plain
+``nn.Embedding`` no quantization config sees and drops every ``proj_out.*`` tensor, so a
+4-bit head or embedding would not be loaded. Whisper's k projections have no bias; vLLM adds
+a zero one only for a ``k_proj.weight`` it reads, so the builder writes zero
+``k_proj.bias`` tensors beside the 4-bit k projections (vLLM's fused q/k/v bias would
+otherwise hold uninitialised memory in the k rows).
 """
 
 from __future__ import annotations
@@ -63,10 +77,19 @@ from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest,
 logger = get_logger("quantize")
 
 QUANT_METHOD = "cpu_int4"
-# Architectures whose tensor names the classifier below knows (llama-style
-# decoder). Only llama (SmolLM2) has been run end to end.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Architectures whose tensor names the classifiers below know: llama-style decoders, and
+# Whisper's encoder-decoder. Run end to end: llama (SmolLM2), qwen2 (Qwen2.5-Coder), whisper.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "whisper")
+ENCODER_DECODER_MODEL_TYPES = ("whisper",)
 LINEAR_WEIGHT = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
+# Whisper: the linears vLLM's WhisperAttention / WhisperCrossAttention / WhisperMLP build
+# with the quantization config (encoder and decoder).
+WHISPER_LINEAR_WEIGHT = re.compile(
+    r"^model\.(encoder|decoder)\.layers\.\d+\.((self_attn|encoder_attn)\.(q|k|v|out)_proj|fc1|fc2)\.weight$"
+)
+WHISPER_K_PROJ = re.compile(r"\.(self_attn|encoder_attn)\.k_proj$")
+WHISPER_EMBEDDING = "model.decoder.embed_tokens.weight"
+WHISPER_HEAD = "proj_out.weight"  # tied to WHISPER_EMBEDDING; vLLM's loader drops it
 EMBEDDING = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
 OUTPUT_WEIGHTS = "model.safetensors"
@@ -82,6 +105,12 @@ LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
 EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
 EMBEDDING_INT8 = "embedding int8"
 HEAD_BF16 = "head bf16"
+CONV, POSITIONS, ZERO_K_BIAS = "conv", "positions", "k bias (zero)"  # Whisper's kept tensors
+WHISPER_KEPT = (
+    (re.compile(r"^model\.encoder\.conv[12]\.weight$"), CONV),
+    (re.compile(r"^model\.(encoder|decoder)\.embed_positions\.weight$"), POSITIONS),
+    (re.compile(rf"^{re.escape(WHISPER_EMBEDDING)}$"), EMBEDDING_ROW),
+)
 HEAD_FORMATS = ("int4", "bf16")
 DEFAULT_HEAD = "int4"
 # GGUF input with a tied head: the one head/embedding matrix is kept bf16. Re-quantizing it to 4 bits was
@@ -118,7 +147,7 @@ class BuildReport:
 
     def table(self) -> str:
         order = (LINEAR_4BIT, HEAD_4BIT, HEAD_BF16, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS,
-                 BIASES, OTHER)
+                 BIASES, ZERO_K_BIAS, CONV, POSITIONS, OTHER)
         rows = [r for r in order if self.tensors.get(r)]
         header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
         lines = ["{:<14} {:>7} {:>11} {:>12} {:>13}".format(*header)]
@@ -162,6 +191,8 @@ def build_cpu_int4_checkpoint(
     src, out = Path(src).expanduser(), Path(out).expanduser()
     if src.suffix == ".gguf" and src.is_file():
         embedding, head = default_formats(gguf_ties_head(src), embedding, head)
+    elif _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
+        embedding, head = encoder_decoder_formats(_source_model_type(src), embedding, head)
     else:
         embedding, head = default_formats(None, embedding, head)
     check_group_size(group_size)
@@ -208,6 +239,30 @@ def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | N
     if embedding is None:
         embedding = "bf16" if head == "bf16" else DEFAULT_EMBEDDING
     return embedding, head
+
+
+def _source_model_type(src: Path) -> str | None:
+    """``model_type`` of a Hugging Face directory, or None (not one, unreadable: refused later)."""
+    try:
+        return json.loads((src / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def encoder_decoder_formats(model_type: str, embedding: str | None, head: str | None) -> tuple[str, str]:
+    """(embedding, head) for a Whisper build: both kept as stored ("bf16" names that), nothing else.
+
+    vLLM's Whisper looks its tokens up in a plain ``nn.Embedding`` and ties its head to it,
+    dropping any ``proj_out.*`` tensor: neither can be loaded 4-bit or int8.
+    """
+    for what, asked in (("embedding", embedding), ("head", head)):
+        if asked not in (None, "bf16"):
+            raise Int4FormatError(
+                f"--{what} {asked}: a {model_type} checkpoint keeps its token embedding and the output head "
+                "tied to it as stored (vLLM's Whisper builds the embedding as a plain nn.Embedding and "
+                "drops proj_out.* tensors); leave --embedding and --head unset"
+            )
+    return "bf16", "bf16"
 
 
 def check_head_format(head: str, embedding: str) -> None:
@@ -282,6 +337,17 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
                        zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD) -> BuildReport:
     config = _read_source_config(src)
+    if config["model_type"] in ENCODER_DECODER_MODEL_TYPES:
+        with contextlib.ExitStack() as stack:
+            report, written, quantized_prefixes = _quantize_whisper_tensors(
+                src, out, _open_source_tensors(src, stack), group_size, progress, zero_point
+            )
+        _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, "bf16",
+                          tied=True, head="bf16", report=report)
+        logger.info("wrote cpu_int4 checkpoint %s (%s; group size %d, %s zero points; %d linears 4-bit, "
+                    "token embedding and tied head as stored)", out, config["model_type"], group_size,
+                    zero_point, report.tensors[LINEAR_4BIT])
+        return report
     with contextlib.ExitStack() as stack:
         report, written, quantized_prefixes = _quantize_tensors(
             src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head
@@ -290,7 +356,8 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
         tied = HEAD not in written  # the head is the stored embedding
     else:
         tied = embedding == "int4" and report.tensors.get(TIED_4BIT, 0) > 0
-    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied, head)
+    _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied, head,
+                      report=report)
     logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding, %s head%s)", out,
                 group_size, zero_point, embedding, head, ", tied" if tied else "")
     return report
@@ -321,19 +388,7 @@ def _quantize_tensors(
     quantized_prefixes: list[str] = []
 
     def store_4bit(prefix: str, weight: torch.Tensor, row: str) -> None:
-        g = group_size_for(weight.shape[1], group_size, what=prefix)
-        if g != group_size:
-            report.group_size_fallbacks[prefix] = g
-        qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
-        ref = weight.float()
-        report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
-        report._sq_ref[row] += float(ref.square().sum())
-        for suffix, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
-            written[f"{prefix}.{suffix}"] = t
-            report.written_bytes[row] += t.numel() * t.element_size()
-        report.tensors[row] += 1
-        report.source_bytes[row] += weight.numel() * weight.element_size()
-        quantized_prefixes.append(prefix)
+        _store_4bit(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point)
 
     names = sorted(n for n in where if n != HEAD)
     for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
@@ -382,6 +437,74 @@ def _quantize_tensors(
     return report, written, quantized_prefixes
 
 
+def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
+                weight: torch.Tensor, row: str, group_size: int, zero_point: str) -> None:
+    g = group_size_for(weight.shape[1], group_size, what=prefix)
+    if g != group_size:
+        report.group_size_fallbacks[prefix] = g
+    qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
+    ref = weight.float()
+    report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
+    report._sq_ref[row] += float(ref.square().sum())
+    for suffix, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+        written[f"{prefix}.{suffix}"] = t
+        report.written_bytes[row] += t.numel() * t.element_size()
+    report.tensors[row] += 1
+    report.source_bytes[row] += weight.numel() * weight.element_size()
+    quantized_prefixes.append(prefix)
+
+
+def _keep(report: BuildReport, written: dict, name: str, tensor: torch.Tensor, row: str) -> None:
+    if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
+        raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
+    written[name] = tensor.contiguous()
+    size = tensor.numel() * tensor.element_size()
+    report.tensors[row] += 1
+    report.source_bytes[row] += size
+    report.written_bytes[row] += size
+
+
+def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int, progress: bool,
+                              zero_point: str = DEFAULT_ZERO_POINT):
+    """Whisper: its linears 4-bit, the rest as stored, a zero bias beside each k projection."""
+    from tqdm import tqdm
+
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding="bf16", head="bf16")
+    written: dict[str, torch.Tensor] = {}
+    quantized_prefixes: list[str] = []
+    if WHISPER_EMBEDDING not in where:
+        raise UnsupportedCheckpointError(f"{src} has no {WHISPER_EMBEDDING}; not a Whisper checkpoint")
+    names = sorted(where)
+    for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
+        tensor = where[name].get_tensor(name)
+        if name == WHISPER_HEAD:
+            embedding = where[WHISPER_EMBEDDING].get_tensor(WHISPER_EMBEDDING)
+            if not torch.equal(tensor, embedding):
+                raise UnsupportedCheckpointError(
+                    f"{src}: {WHISPER_HEAD} differs from {WHISPER_EMBEDDING}; vLLM's Whisper ties its head to "
+                    "the token embedding and cannot load an untied one"
+                )
+            continue  # the tied copy: vLLM's loader drops it
+        if WHISPER_LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
+            if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
+                raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
+            prefix = name.removesuffix(".weight")
+            _store_4bit(report, written, quantized_prefixes, prefix, tensor, LINEAR_4BIT, group_size, zero_point)
+            if WHISPER_K_PROJ.search(prefix) and f"{prefix}.bias" not in where:
+                bias = torch.zeros(tensor.shape[0], dtype=tensor.dtype)
+                written[f"{prefix}.bias"] = bias
+                report.tensors[ZERO_K_BIAS] += 1
+                report.written_bytes[ZERO_K_BIAS] += bias.numel() * bias.element_size()
+            continue
+        row = next((r for pattern, r in WHISPER_KEPT if pattern.match(name)), None)
+        _keep(report, written, name, tensor, row or _classify_kept(name, tensor))
+    if not report.tensors.get(LINEAR_4BIT):
+        raise UnsupportedCheckpointError(
+            f"{src} has no tensors named like Whisper's linear layers ({WHISPER_LINEAR_WEIGHT.pattern})"
+        )
+    return report, written, quantized_prefixes
+
+
 def _write_checkpoint(
     src: Path,
     out: Path,
@@ -393,6 +516,7 @@ def _write_checkpoint(
     embedding: str = DEFAULT_EMBEDDING,
     tied: bool = False,
     head: str = DEFAULT_HEAD,
+    report: BuildReport | None = None,
 ) -> None:
     from safetensors.torch import save_file
 
@@ -423,13 +547,22 @@ def _write_checkpoint(
         for path in sorted(src.iterdir()):
             if _is_copied_metadata(path):
                 shutil.copy2(path, tmp / path.name)
-        write_manifest(
-            tmp,
-            [OUTPUT_WEIGHTS, "config.json"],
-            {"quant_method": QUANT_METHOD, "format_version": version, "group_size": group_size,
-             "zero_point": zero_point, "embedding": embedding, "head": head},
-        )
-        _verify_written(tmp, quantized_prefixes, embedding, tied, head)
+        encoder_decoder = config.get("model_type") in ENCODER_DECODER_MODEL_TYPES
+        info = {"quant_method": QUANT_METHOD, "format_version": version, "group_size": group_size,
+                "zero_point": zero_point, "embedding": embedding, "head": head,
+                "model_type": config.get("model_type"),
+                "quantized_layers": sorted(quantized_prefixes)}
+        if encoder_decoder:
+            info["embedding"] = "as stored"
+            info["head"] = "tied to the token embedding, as stored"
+        if report is not None:
+            info["kept_unquantized"] = {row: n for row, n in sorted(report.tensors.items())
+                                        if n and row not in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT,
+                                                             EMBEDDING_INT8)}
+        write_manifest(tmp, [OUTPUT_WEIGHTS, "config.json"], info)
+        _verify_written(tmp, quantized_prefixes, embedding, tied, head,
+                        linear_pattern=WHISPER_LINEAR_WEIGHT if encoder_decoder else LINEAR_WEIGHT,
+                        zero_k_bias=encoder_decoder)
 
 
 def _is_copied_metadata(path: Path) -> bool:
@@ -442,7 +575,8 @@ def _is_copied_metadata(path: Path) -> bool:
 
 
 def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: str = DEFAULT_EMBEDDING,
-                    tied: bool = False, head: str = DEFAULT_HEAD) -> None:
+                    tied: bool = False, head: str = DEFAULT_HEAD, linear_pattern: re.Pattern = LINEAR_WEIGHT,
+                    zero_k_bias: bool = False) -> None:
     """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit."""
     from safetensors import safe_open
 
@@ -464,6 +598,8 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
                 problems.append(str(exc))
             if scales.dtype != SCALE_DTYPE:
                 problems.append(f"{prefix}: scales are {scales.dtype}, expected {SCALE_DTYPE}")
+            if zero_k_bias and WHISPER_K_PROJ.search(prefix) and f"{prefix}.bias" not in names:
+                problems.append(f"{prefix}: no bias (vLLM's fused projection would read uninitialised memory)")
         if tied:
             if any(n.startswith("lm_head.") for n in names):
                 problems.append("a tied head is stored as the embedding, but lm_head.* tensors were written")
@@ -474,7 +610,7 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
             problems.append("the output head lm_head is not stored 4-bit")
         if embedding != "bf16" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
             problems.append(f"the input embedding is not stored {embedding}")
-        leftovers = [n for n in names if LINEAR_WEIGHT.match(n) or (n == HEAD and head != "bf16")]
+        leftovers = [n for n in names if linear_pattern.match(n) or (n == HEAD and head != "bf16")]
         if leftovers:
             problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
     if problems:
@@ -482,7 +618,8 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("src", help="bf16/fp16/fp32 Hugging Face checkpoint directory, or a .gguf file")
+    parser.add_argument("src", help="bf16/fp16/fp32 Hugging Face checkpoint directory (a llama, mistral, qwen2/3 "
+                        "or whisper model), or a .gguf file")
     parser.add_argument("out", help="directory to write (appears only when complete)")
     parser.add_argument(
         "--group-size",
@@ -508,7 +645,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
         "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
         "a tied head given its own 4-bit copy (format 2). Default: int4, bf16 for a GGUF whose head is "
-        "kept bf16",
+        "kept bf16; a Whisper checkpoint keeps its embedding as stored (only bf16, meaning that, is taken)",
     )
     parser.add_argument(
         "--head",

@@ -353,9 +353,15 @@ class Arm(_Strict):
                 object.__setattr__(self, key, model())  # frozen: completed once, here
         if self.engine in SPEECH_ENGINES:
             speech = _speech_names()
-            if self.model not in speech:
+            # The server also serves a speech model's cpu_int4 build (NAME:cpu_int4); the baselines
+            # read the float weights (faster-whisper's CTranslate2 file, whisper.cpp's conversion).
+            from vllm_omni_edge.models.default_model import CPU_INT4_SUFFIX
+
+            served = speech + tuple(f"{n}{CPU_INT4_SUFFIX}" for n in speech) if self.engine == "speech-server" \
+                else speech
+            if self.model not in served:
                 raise ValueError(f"a {self.engine} arm's model is an embedded speech model name "
-                                 f"({', '.join(speech)}), not {self.model!r}")
+                                 f"({', '.join(served)}), not {self.model!r}")
             if self.llm_kwargs:
                 raise ValueError(f"llm_kwargs are vllm.LLM arguments; a {self.engine} arm takes none"
                                  + (" (it runs the user's literal command)" if self.engine == "speech-server" else ""))
