@@ -163,3 +163,24 @@ def test_embedded_model_names_resolve_to_cached_directories(isolated_cache):
     with pytest.raises(KeyError, match="unknown embedded model 'nope'; choose one of default"):
         dm.embedded_model("nope")
     assert len(dm.QWEN_CODER_1_5B.wheel_requirements) == len(dm.QWEN_CODER_1_5B.gguf_members) == 22
+
+
+def test_a_cpu_int4_cache_built_with_an_older_default_format_is_rebuilt(tmp_path, monkeypatch):
+    from tests.quantization.conftest import save_tiny_llama
+    from vllm_omni_edge.quantization import builder
+
+    source = save_tiny_llama(tmp_path / "source")  # tied head: its default embedding is int8
+    out = tmp_path / "built"
+    builder.build_cpu_int4_checkpoint(source, out, progress=False, embedding="int4")  # the old default
+    monkeypatch.setattr(dm, "cpu_int4_model_dir", lambda model: out)
+    monkeypatch.setattr(dm, "model_dir", lambda model: source)
+    monkeypatch.setattr(dm, "pull_model", lambda model, progress=None: source)
+    said = []
+    assert dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append) == out
+    assert builder.built_formats(out) == ("int8", "int4")
+    assert said[0].startswith("rebuilding")
+    # Built with today's default, it is kept.
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    said.clear()
+    dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
+    assert said == [] and (out / "model.safetensors").stat().st_mtime_ns == mtime

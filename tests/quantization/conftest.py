@@ -42,7 +42,8 @@ def tiny_llama_int4(tiny_llama, tmp_path_factory) -> Path:
     from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
 
     out = tmp_path_factory.mktemp("tiny-int4") / "tiny-llama-cpu-int4"
-    build_cpu_int4_checkpoint(tiny_llama, out, group_size=128, progress=False)
+    # Format 3's shared 4-bit table (a tied head's default is int8 rows: test_embedding_int4.py).
+    build_cpu_int4_checkpoint(tiny_llama, out, group_size=128, progress=False, embedding="int4")
     return out
 
 

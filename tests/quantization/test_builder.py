@@ -122,7 +122,8 @@ def test_bf16_head_needs_a_bf16_embedding(tiny_llama, tmp_path):
 
 
 def test_report_table_counts_bytes_by_class(tiny_llama, tmp_path):
-    report = build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", group_size=128, progress=False)
+    report = build_cpu_int4_checkpoint(tiny_llama, tmp_path / "out", group_size=128, progress=False,
+                                       embedding="int4")
     assert report.tensors[builder.LINEAR_4BIT] == 14
     assert report.tensors[builder.TIED_4BIT] == 1  # the tied embedding/head, once
     assert report.tensors[builder.NORMS] == 5

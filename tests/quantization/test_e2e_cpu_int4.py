@@ -16,7 +16,8 @@ def test_default_model_as_cpu_int4_answers_paris(default_model, tmp_path):
 
     out = tmp_path / "smollm2-cpu-int4"
     report = build_cpu_int4_checkpoint(default_model, out, group_size=128, progress=False)
-    assert report.tensors["emb+head 4-bit"] == 1  # tied: one 4-bit matrix (format 3)
+    # Tied: int8 embedding rows and the head its own 4-bit copy (the builder's default for it).
+    assert report.embedding == "int8" and not report.tensors.get("emb+head 4-bit")
 
     run = run_probe(out, tmp_path / "evidence")
     assert "Unknown quantization method: cpu_int4" not in run.log, (
@@ -29,9 +30,10 @@ def test_default_model_as_cpu_int4_answers_paris(default_model, tmp_path):
     [worker] = run.workers
     assert worker["quantization"] == "cpu_int4"
     by_dtype = worker["weights_bytes_by_dtype"]
-    # 4-bit linears + the tied head/embedding (~60 MiB of uint8); bf16 left is scales,
-    # offsets, norms and the RoPE table -- no bf16 embedding, linear layer or head.
+    # 4-bit linears + the head (~60 MiB of uint8), int8 embedding rows (~27 MiB); bf16 left is
+    # scales, offsets, norms and the RoPE table -- no bf16 embedding, linear layer or head.
     assert by_dtype.get("uint8", 0) > 55 << 20, by_dtype
+    assert by_dtype.get("int8", 0) > 25 << 20, by_dtype
     assert by_dtype.get("bfloat16", 0) < 20 << 20, by_dtype
 
 
@@ -51,7 +53,7 @@ def test_default_model_on_avx2_w4a8_answers_paris_in_the_worker(default_model, t
     assert "Paris" in run.text, run.text
     [worker] = run.workers
     # Every linear layer and the head ran on the C++ op, in the worker process.
-    # The tied embedding reads the head's bytes, in the stored layout avx2_w4a8 keeps.
+    # The tied head's default: int8 embedding rows, the head its own 4-bit copy.
     assert worker["cpu_int4_kernels"] == {"linear:avx2_w4a8": 120, "lm_head:avx2_w4a8": 1,
-                                          "embedding:gather_stored": 1,
+                                          "embedding:gather_int8": 1,
                                           "fallback": 0, "dense_prefill_copy": 0}, worker["cpu_int4_kernels"]

@@ -79,7 +79,7 @@ def test_lookup_under_inductor_is_exact():
 
 def test_builder_stores_a_tied_matrix_once_as_the_4bit_embedding(tiny_llama, tmp_path):
     out = tmp_path / "v3"
-    report = build_cpu_int4_checkpoint(tiny_llama, out, group_size=32, progress=False)
+    report = build_cpu_int4_checkpoint(tiny_llama, out, group_size=32, progress=False, embedding="int4")
     tensors = load_file(str(out / "model.safetensors"))
     assert "model.embed_tokens.weight" not in tensors
     assert not [n for n in tensors if n.startswith("lm_head.")]
@@ -276,3 +276,37 @@ def test_prequantized_int8_embedding_loads_and_looks_up(vllm_single_process):
     ids = IDS % 300
     assert torch.equal(embed(ids), int4.dequantize_rows_int8(q, s, dtype=BF16)[ids])
     assert evidence.kernel_counts()["embedding:gather_int8"] == 1
+
+
+def test_a_tied_head_gets_int8_rows_and_its_own_4bit_copy_by_default(tiny_llama, tmp_path):
+    out = tmp_path / "default"
+    report = build_cpu_int4_checkpoint(tiny_llama, out, group_size=32, progress=False)
+    tensors = load_file(str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"]["embedding"] == "int8" == int4.TIED_HEAD_EMBEDDING
+    assert tensors["model.embed_tokens.qweight"].dtype == torch.int8
+    assert int4.check_triple(*(tensors[f"lm_head.{s}"] for s in ("qweight", "scales", "zeros")), "head") == 32
+    assert builder.built_formats(out) == builder.default_build_formats(tiny_llama) == ("int8", "int4")
+    assert report.embedding == "int8"
+
+
+def test_an_untied_source_keeps_the_4bit_embedding_by_default(tmp_path):
+    src = save_tiny_llama(tmp_path / "untied-default", tie_word_embeddings=False)
+    out = tmp_path / "out-default"
+    build_cpu_int4_checkpoint(src, out, group_size=32, progress=False)
+    assert builder.built_formats(out) == builder.default_build_formats(src) == ("int4", "int4")
+
+
+def test_online_quantization_chooses_the_embedding_as_the_builder_does():
+    from types import SimpleNamespace
+
+    from vllm_omni_edge.quantization.config import CpuInt4Config
+
+    tied, untied = SimpleNamespace(tie_word_embeddings=True), SimpleNamespace(tie_word_embeddings=False)
+    for hf_config, expected in ((tied, int4.TIED_HEAD_EMBEDDING), (untied, "int4")):
+        config = CpuInt4Config()
+        config.maybe_update_config("/nonexistent", hf_config=hf_config)
+        assert config.embedding == expected
+    asked = CpuInt4Config.from_config_dict_json('{"embedding": "int4"}')
+    asked.maybe_update_config("/nonexistent", hf_config=tied)
+    assert asked.embedding == "int4"

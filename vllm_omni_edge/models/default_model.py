@@ -167,18 +167,21 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
 
     For a speech model the source is its transformers checkpoint (float16); the builder
     stores its linears 4-bit and keeps the rest as stored (quantization/builder.py)."""
-    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint, built_formats, default_build_formats
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     out = cpu_int4_model_dir(model)
+    say = progress or (lambda _m: None)
     if not force and (out / "config.json").is_file():
         try:
             verify_manifest(out)
-            return out
+            if built_formats(out) == default_build_formats(model_dir(model)):
+                return out
+            say("rebuilding: the builder's default format for this model changed")
         except Exception:
             pass  # damaged: rebuild below
     source = pull_model(model, progress=progress)
-    (progress or (lambda _m: None))("quantizing to cpu_int4")
+    say("quantizing to cpu_int4")
     build_cpu_int4_checkpoint(source, out, progress=False, overwrite=True)
     return out
 

@@ -53,6 +53,7 @@ from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert
 from vllm_omni_edge.quantization.int4 import (
     BITS,
     DEFAULT_EMBEDDING,
+    TIED_HEAD_EMBEDDING,
     EMBEDDING_FORMATS,
     SCALE_DTYPE,
     SUPPORTED_GROUP_SIZES,
@@ -194,7 +195,7 @@ def build_cpu_int4_checkpoint(
     elif _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
         embedding, head = encoder_decoder_formats(_source_model_type(src), embedding, head)
     else:
-        embedding, head = default_formats(None, embedding, head)
+        embedding, head = default_formats(None, embedding, head, tied_head=source_ties_head(src))
     check_group_size(group_size)
     check_zero_point(zero_point)
     check_embedding_format(embedding)
@@ -226,19 +227,48 @@ def gguf_ties_head(path: Path) -> bool:
     return not any(t.name == "output.weight" for t in _open_reader(Path(path)).tensors)
 
 
-def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | None) -> tuple[str, str]:
+def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | None,
+                    tied_head: bool = False) -> tuple[str, str]:
     """(embedding, head) for a build: what was asked, else the default for the source.
 
-    ``gguf_tied`` is None for a Hugging Face directory (int4 embedding, int4 head), else whether the
-    GGUF ties its head to the embedding: ``GGUF_TIED_HEAD`` or ``GGUF_UNTIED_HEAD``, with the bf16
-    embedding a bf16 head needs, unless an int4/int8 embedding was asked for (then a 4-bit head).
+    ``gguf_tied`` is None for a Hugging Face directory (int4 head; the embedding int4, or
+    ``TIED_HEAD_EMBEDDING`` when ``tied_head``), else whether the GGUF ties its head to the
+    embedding: ``GGUF_TIED_HEAD`` or ``GGUF_UNTIED_HEAD``, with the bf16 embedding a bf16 head
+    needs, unless an int4/int8 embedding was asked for (then a 4-bit head).
     """
     if head is None:
         gguf_head = None if gguf_tied is None else (GGUF_TIED_HEAD if gguf_tied else GGUF_UNTIED_HEAD)
         head = gguf_head if gguf_head and embedding in (None, "bf16") else DEFAULT_HEAD
     if embedding is None:
-        embedding = "bf16" if head == "bf16" else DEFAULT_EMBEDDING
+        embedding = "bf16" if head == "bf16" else TIED_HEAD_EMBEDDING if tied_head else DEFAULT_EMBEDDING
     return embedding, head
+
+
+def built_formats(out: Path) -> tuple[str, str]:
+    """(embedding, head) of a built checkpoint, read from its quantization config."""
+    config = json.loads((Path(out) / "config.json").read_text())["quantization_config"]
+    version = config.get("format_version")
+    embedding = config.get("embedding", DEFAULT_EMBEDDING) if version and version >= 3 else "bf16"
+    return embedding, "int4" if config.get("lm_head", True) else "bf16"
+
+
+def source_ties_head(src: Path) -> bool:
+    """Whether a Hugging Face checkpoint directory ties its head to its embedding (as read when building)."""
+    try:
+        config = json.loads((Path(src) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # refused later, with the reason
+    return isinstance(config, dict) and bool(config.get("tie_word_embeddings", True))
+
+
+def default_build_formats(src: Path) -> tuple[str, str]:
+    """(embedding, head) that :func:`build_cpu_int4_checkpoint` chooses for ``src`` when asked nothing."""
+    src = Path(src).expanduser()
+    if src.suffix == ".gguf" and src.is_file():
+        return default_formats(gguf_ties_head(src), None, None)
+    if _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
+        return encoder_decoder_formats(_source_model_type(src), None, None)
+    return default_formats(None, None, None, tied_head=source_ties_head(src))
 
 
 def _source_model_type(src: Path) -> str | None:

@@ -32,6 +32,7 @@ from vllm_omni_edge.quantization import evidence
 from vllm_omni_edge.quantization.int4 import (
     BITS,
     DEFAULT_EMBEDDING,
+    TIED_HEAD_EMBEDDING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_ZERO_POINT,
     READABLE_FORMAT_VERSIONS,
@@ -53,10 +54,13 @@ logger = get_logger("cpu_int4")
 @register_quantization_config(QUANT_METHOD)
 class CpuInt4Config(QuantizationConfig):
     def __init__(self, group_size: int = DEFAULT_GROUP_SIZE, lm_head: bool = True, prequantized: bool = False,
-                 zero_point: str = DEFAULT_ZERO_POINT, embedding: str = DEFAULT_EMBEDDING):
+                 zero_point: str = DEFAULT_ZERO_POINT, embedding: str | None = None):
         super().__init__()
         check_group_size(group_size)
         check_zero_point(zero_point)
+        # Online and not asked: chosen from the model's config (maybe_update_config), as the builder does.
+        self.embedding_asked = embedding is not None
+        embedding = DEFAULT_EMBEDDING if embedding is None else embedding
         check_embedding_format(embedding)
         self.group_size = group_size
         self.zero_point = zero_point
@@ -124,7 +128,7 @@ class CpuInt4Config(QuantizationConfig):
         settings = json.loads(config_json)
         return cls(int(settings.get("group_size", DEFAULT_GROUP_SIZE)), bool(settings.get("lm_head", True)),
                    zero_point=settings.get("zero_point", DEFAULT_ZERO_POINT),
-                   embedding=settings.get("embedding", DEFAULT_EMBEDDING))
+                   embedding=settings.get("embedding"))
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg, user_quant, hf_config=None):
@@ -134,7 +138,12 @@ class CpuInt4Config(QuantizationConfig):
 
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
         # Runs once, in the front end, before any worker reads the weights.
-        if not self.prequantized or not os.path.isdir(model_name):
+        if not self.prequantized:
+            if not self.embedding_asked and hf_config is not None and self.lm_head and getattr(
+                    getattr(hf_config, "get_text_config", lambda: hf_config)(), "tie_word_embeddings", False):
+                self.embedding = TIED_HEAD_EMBEDDING  # the builder's default for a tied head
+            return
+        if not os.path.isdir(model_name):
             return
         if verify_manifest(model_name) is None:
             logger.warning(

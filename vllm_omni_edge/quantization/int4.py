@@ -47,6 +47,10 @@ READABLE_FORMAT_VERSIONS = (1, 2, 3)
 # head then keeps its own 4-bit copy) or "bf16" (as read, the only choice of versions 1-2).
 EMBEDDING_FORMATS = ("int4", "int8", "bf16")
 DEFAULT_EMBEDDING = "int4"
+# A builder's default when the head is tied to the embedding: a 4-bit table would also be the
+# head's, and read as the input embedding it costs measurable quality on the default model
+# (docs/edge/cpu-4bit.md); int8 rows keep it, with the head its own 4-bit copy.
+TIED_HEAD_EMBEDDING = "int8"
 ZERO_POINT_MODES = ("float", "int")
 DEFAULT_ZERO_POINT = "float"
 # Group 32 with float offsets: KLD 0.065 vs 0.298 nats for group 128 on the default model
