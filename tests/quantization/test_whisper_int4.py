@@ -337,9 +337,10 @@ def load_vllm_whisper(_vllm_process_groups):
     register_cpu_int4()
     assert apply_patch_module("vllm_omni_edge.patches.worker.whisper_int4_vocab").status == "applied"
 
-    def load(path):
+    def load(path, quantization=None):
         evidence.reset()
-        model_config = ModelConfig(model=str(path), dtype="float32", skip_tokenizer_init=True, enforce_eager=True)
+        model_config = ModelConfig(model=str(path), dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
+                                   quantization=quantization)
         vllm_config = VllmConfig(model_config=model_config, load_config=LoadConfig(),
                                  device_config=DeviceConfig("cpu"))
         with set_current_vllm_config(vllm_config):
@@ -393,6 +394,23 @@ def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_wh
     logits = model.compute_logits(hidden)
     assert logits.shape == (3, vocab)
     assert relative_error(logits, F.linear(hidden, exact)) < kernel_tolerance()
+
+
+def test_vllm_whisper_quantized_at_load_shares_one_4bit_matrix(tiny_whisper, load_vllm_whisper):
+    """A float checkpoint with quantization="cpu_int4": the embedding quantized once, the head on it."""
+    from tests.quantization.test_vllm_layers import kernel_tolerance
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+
+    model = load_vllm_whisper(tiny_whisper, quantization="cpu_int4")
+    embed, head = model.model.decoder.embed_tokens, model.proj_out
+    assert isinstance(embed.quant_method, CpuInt4EmbeddingMethod) and head.quant_method.tied_embedding is embed
+    assert "weight" not in embed._parameters and "weight" not in head._parameters
+    assert embed.qweight.untyped_storage().data_ptr() == head.qweight.untyped_storage().data_ptr()
+    source = load_file(str(tiny_whisper / "model.safetensors"))[f"{EMBED}.weight"].float()
+    exact = int4.dequantize(*int4.quantize(source, int4.DEFAULT_GROUP_SIZE))  # rows quantize independently
+    ids, hidden = _decoder_hidden(model.config.vocab_size)
+    assert torch.equal(model.embed_input_ids(ids), exact[ids])
+    assert relative_error(model.compute_logits(hidden), F.linear(hidden, exact)) < kernel_tolerance()
 
 
 def test_vllm_whisper_int8_rows_and_its_own_4bit_head(tiny_whisper_int4_int8, load_vllm_whisper):

@@ -18,8 +18,9 @@ without float16 arithmetic) and its tied head ran it through vLLM's unquantized 
 which on CPU prepacks a second float copy for oneDNN. The head is the largest matmul of a
 decode step.
 Verified by: tests/quantization/test_whisper_int4.py (a tiny random Whisper built by vLLM's
-own classes: the embedding and head are the cpu_int4 modules sharing one copy, lookups and
-logits equal the dequantized matrix's; float and format-2 configs untouched; idempotent);
+own classes, from a format-3 build and quantized at load: the embedding and head are the
+cpu_int4 modules sharing one copy, lookups and logits equal the dequantized matrix's; the int8
+build's own proj_out loaded; float and format-2 configs untouched; idempotent);
 tests/e2e/test_whisper_int4_serve.py (whisper-base served: the fixtures within the float
 bound, no float vocabulary matrix in the worker's evidence); docs/edge/speech.md.
 Remove when: vLLM's Whisper builds its token embedding with the quantization config and
