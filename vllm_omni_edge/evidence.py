@@ -147,6 +147,11 @@ def collect_worker_evidence(worker) -> dict:
         and hasattr(m, "cpu_linear")
     )
 
+    # An unquantized head (tied or not) prepacked for oneDNN holds that copy beside its weight.
+    heads_prepacked = sorted(
+        name for name, m in model.named_modules() if isinstance(m, ParallelLMHead) and hasattr(m, "cpu_linear")
+    )
+
     # CPU_ATTN stamps the ISA it chose (amx / vec / vec16 ...) on each attention layer.
     attention_isa = sorted({str(m.isa) for m in model.modules() if hasattr(m, "isa")})
 
@@ -175,6 +180,7 @@ def collect_worker_evidence(worker) -> dict:
         "shm_reader_spin_s": max(_shm_reader_busy_loop_s(), default=None),
         "embeddings_prepacked": len(embeddings_prepacked),
         "embeddings_prepacked_names": embeddings_prepacked,
+        "heads_prepacked_names": heads_prepacked,
         "quantization": worker.model_config.quantization,
         "cpu_int4_kernels": _cpu_int4_kernel_counts(),
         "cpu_int4_routing": _cpu_int4_routing(),

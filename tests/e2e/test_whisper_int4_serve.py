@@ -1,8 +1,14 @@
-"""whisper-base built as cpu_int4, served by `vllm-omni-edge serve whisper-base:cpu_int4`.
+"""whisper-base built as cpu_int4 by this tree's builder, served by `vllm-omni-edge serve`.
 
 Every linear of vLLM's Whisper (encoder and decoder, self- and cross-attention, fc1/fc2) must
-run on a cpu_int4 kernel in the server's own worker (its evidence), and the committed speech
-fixtures must be transcribed within the float checkpoint's bound.
+run on a cpu_int4 kernel in the server's own worker (its evidence), the vocabulary matrix must be
+resident once, 4-bit (the token embedding reading the tied head's bytes, no float copy), and the
+committed speech fixtures must be transcribed within the float checkpoint's bound.
+
+The checkpoint is built into the test's own directory from the float one `models pull
+whisper-base` caches, so the test serves what the builder writes now, whatever an older build
+left in the cache; `whisper-base:cpu_int4` naming that cache entry is tested in
+tests/quantization/test_whisper_int4.py.
 """
 
 from __future__ import annotations
@@ -20,8 +26,7 @@ from vllm_omni_edge.cli.demo import ServerProcess, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-NAME = "whisper-base:cpu_int4"
-SERVED = "whisper-int4"  # not NAME: serve rewrites arguments equal to the embedded name
+SERVED = "whisper-int4"
 # The bound is the float checkpoint's (tests/e2e/test_whisper_serve.py): 4-bit weights must not
 # cost a transcript more than the float model is allowed. The per-fixture transcripts of both are
 # in docs/edge/speech.md; a quantization that broke a layer (a shard in the wrong rows, a k bias
@@ -30,12 +35,14 @@ SERVED = "whisper-int4"  # not NAME: serve rewrites arguments equal to the embed
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from vllm_omni_edge.models.default_model import WHISPER_BASE, pull_cpu_int4_model
+    from vllm_omni_edge.models.default_model import WHISPER_BASE, pull_model
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
 
-    checkpoint = pull_cpu_int4_model(WHISPER_BASE)
     log_dir = tmp_path_factory.mktemp("whisper-int4")
+    checkpoint = log_dir / "whisper-base-cpu_int4"
+    build_cpu_int4_checkpoint(pull_model(WHISPER_BASE), checkpoint, progress=False)
     evidence = log_dir / "evidence"
-    srv = ServerProcess(NAME, free_port(), ["--served-model-name", SERVED, "--enforce-eager"],
+    srv = ServerProcess(str(checkpoint), free_port(), ["--served-model-name", SERVED, "--enforce-eager"],
                         log_dir / "serve.log", env=vllm_env(VLLM_OMNI_EDGE_EVIDENCE_DIR=str(evidence)))
     srv.checkpoint, srv.evidence_dir = checkpoint, evidence
     try:
@@ -61,23 +68,64 @@ def test_fixtures_are_transcribed_within_the_float_bound(server):
     assert wer(list(refs.values()), hyps) <= FIXTURE_WER_MAX, hyps
 
 
-def test_every_whisper_linear_ran_on_a_cpu_int4_kernel(server):
+def _worker(server) -> dict:
+    [worker] = [json.loads(p.read_text()) for p in server.evidence_dir.glob("worker-*.json")]
+    return worker
+
+
+def _padded_vocab(config) -> int:
+    from vllm.model_executor.layers.vocab_parallel_embedding import pad_vocab_size
+
+    return pad_vocab_size(config["vocab_size"])  # vLLM pads the vocabulary rows of an embedding and head
+
+
+def test_every_whisper_linear_and_the_head_ran_on_a_cpu_int4_kernel(server):
+    from vllm_omni_edge.quantization.embedding import KERNEL_LAYOUTS, LAYOUT_STORED
     from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
 
     config = json.loads((server.checkpoint / "config.json").read_text())
+    assert config["quantization_config"]["embedding"] == "int4"
     # vLLM's layers: encoder qkv_proj, out_proj, fc1, fc2; decoder the same plus the
-    # cross-attention's q_proj, kv_proj, out_proj. The head stays tied to the float embedding.
+    # cross-attention's q_proj, kv_proj, out_proj; the head, and the embedding tied to it.
     linears = 4 * config["encoder_layers"] + 7 * config["decoder_layers"]
-    d = config["d_model"]
-    routed = choose_kernel(CpuFeatures.detect(), config["quantization_config"]["group_size"], d, d,
-                           torch.float32, float_zero=True)[0].name
-    [worker] = [json.loads(p.read_text()) for p in server.evidence_dir.glob("worker-*.json")]
+    d, g = config["d_model"], config["quantization_config"]["group_size"]
+
+    def routed(n):
+        return choose_kernel(CpuFeatures.detect(), g, d, n, torch.float32, float_zero=True)[0].name
+
+    head = routed(_padded_vocab(config))
+    layout = KERNEL_LAYOUTS.get(head, LAYOUT_STORED)
+    worker = _worker(server)
     assert worker["quantization"] == "cpu_int4"
-    assert worker["cpu_int4_kernels"] == {f"linear:{routed}": linears, "fallback": 0, "dense_prefill_copy": 0}
+    assert worker["cpu_int4_kernels"] == {f"linear:{routed(d)}": linears, f"lm_head:{head}": 1,
+                                          f"embedding:gather_{layout}": 1, "fallback": 0, "dense_prefill_copy": 0}
     assert worker["cpu_int4_other_layers"] == []
     by_dtype = worker["weights_bytes_by_dtype"]
-    # The linears' weights at 4 bits (half a byte each) are the only uint8 tensors: self-attention
-    # q/k/v/out (4 d x d), cross-attention's four more in the decoder, fc1 and fc2 (2 d x ffn).
+    # The weights at 4 bits (half a byte each) are the only uint8 tensors: self-attention q/k/v/out
+    # (4 d x d), cross-attention's four more in the decoder, fc1 and fc2 (2 d x ffn), and the
+    # vocabulary matrix once.
     enc, dec, ffn = config["encoder_layers"], config["decoder_layers"], config["encoder_ffn_dim"]
-    weights = enc * (4 * d * d + 2 * d * ffn) + dec * (8 * d * d + 2 * d * ffn)
+    weights = enc * (4 * d * d + 2 * d * ffn) + dec * (8 * d * d + 2 * d * ffn) + _padded_vocab(config) * d
     assert by_dtype.get("uint8", 0) == weights // 2, by_dtype
+
+
+def test_the_vocabulary_matrix_is_resident_once_in_4_bits(server):
+    from safetensors import safe_open
+
+    config = json.loads((server.checkpoint / "config.json").read_text())
+    d, g, rows = config["d_model"], config["quantization_config"]["group_size"], _padded_vocab(config)
+    worker = _worker(server)
+    by_class = worker["weights_bytes_by_class"]
+    # The embedding's triple (4-bit rows, a bf16 scale and offset per group), which the head shares:
+    # counted once, under the embedding, and nothing under the head.
+    assert by_class.get("embedding") == rows * d // 2 + 2 * rows * (d // g) * 2, by_class
+    assert by_class.get("head", 0) == 0, by_class
+    # No float copy: neither vLLM's oneDNN prepack of an unquantized head nor an embedding table.
+    assert worker["heads_prepacked_names"] == [] and worker["embeddings_prepacked"] == 0
+    with safe_open(str(server.checkpoint / "model.safetensors"), framework="pt") as f:
+        kept = sum(torch.Size(f.get_slice(n).get_shape()).numel() for n in f.keys()
+                   if not n.endswith((".qweight", ".scales", ".zeros")))
+    float32 = worker["weights_bytes_by_dtype"].get("float32", 0)
+    # The float tensors the checkpoint keeps (conv, positions, norms, biases), in float32; a float
+    # vocabulary matrix would add vocab x d x 4 bytes.
+    assert float32 - 4 * kept < config["vocab_size"] * d * 4 // 2, (float32, kept)

@@ -1,4 +1,10 @@
-"""The cpu_int4 builder on a tiny random Whisper, and vLLM's Whisper layers loading what it writes."""
+"""The cpu_int4 builder on a tiny random Whisper, and vLLM's Whisper loading what it writes.
+
+The default build stores the token embedding 4-bit, the head tied to it (format 3); ``--embedding
+int8`` stores int8 rows and a 4-bit head of its own; ``--embedding bf16`` keeps the embedding as
+stored (format 2, the first Whisper build). Patch ``whisper_int4_vocab`` makes vLLM's Whisper load
+the first two; the last, and a float checkpoint, load exactly as vLLM builds them.
+"""
 
 from __future__ import annotations
 
@@ -53,13 +59,31 @@ def tiny_whisper_int4(tiny_whisper, tmp_path_factory):
     return out, report
 
 
+@pytest.fixture(scope="module")
+def tiny_whisper_int4_stored(tiny_whisper, tmp_path_factory):
+    """The first Whisper build: the token embedding as stored (format 2)."""
+    out = tmp_path_factory.mktemp("whisper-int4-stored") / "tiny-whisper-cpu_int4"
+    report = build_cpu_int4_checkpoint(tiny_whisper, out, progress=False, embedding="bf16")
+    return out, report
+
+
+@pytest.fixture(scope="module")
+def tiny_whisper_int4_int8(tiny_whisper, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whisper-int4-int8") / "tiny-whisper-cpu_int4"
+    report = build_cpu_int4_checkpoint(tiny_whisper, out, progress=False, embedding="int8")
+    return out, report
+
+
+EMBED = "model.decoder.embed_tokens"
+
+
 def linear_prefixes() -> list[str]:
     return sorted([f"model.encoder.layers.{i}.{p}" for i in range(2) for p in ENCODER_PROJ]
                   + [f"model.decoder.layers.{i}.{p}" for i in range(2) for p in DECODER_PROJ])
 
 
-def test_every_whisper_linear_is_4bit_and_the_rest_is_as_stored(tiny_whisper, tiny_whisper_int4):
-    out, report = tiny_whisper_int4
+def test_every_whisper_linear_is_4bit_and_the_rest_is_as_stored(tiny_whisper, tiny_whisper_int4_stored):
+    out, report = tiny_whisper_int4_stored
     source = load_file(str(tiny_whisper / "model.safetensors"))
     tensors = load_file(str(out / "model.safetensors"))
     for prefix in linear_prefixes():
@@ -81,6 +105,42 @@ def test_every_whisper_linear_is_4bit_and_the_rest_is_as_stored(tiny_whisper, ti
     assert report.tensors[builder.EMBEDDING_ROW] == 1
 
 
+def test_the_default_stores_the_token_embedding_4bit_once(tiny_whisper, tiny_whisper_int4):
+    out, report = tiny_whisper_int4
+    source = load_file(str(tiny_whisper / "model.safetensors"))
+    tensors = load_file(str(out / "model.safetensors"))
+    assert f"{EMBED}.weight" not in tensors and not any(n.startswith("proj_out.") for n in tensors)
+    triple = [tensors[f"{EMBED}.{s}"] for s in ("qweight", "scales", "zeros")]
+    int4.check_triple(*triple, EMBED)
+    ref = source[f"{EMBED}.weight"].float()
+    assert triple[0].shape == (ref.shape[0], D_MODEL // 2)
+    assert float((int4.dequantize(*triple) - ref).norm() / ref.norm()) < 0.12
+    quantized = {n for n in tensors if n.endswith((".qweight", ".scales", ".zeros"))}
+    assert len(quantized) == 3 * (len(linear_prefixes()) + 1)
+    for name, t in source.items():  # conv, positions, norms, biases: byte for byte
+        prefix = name.removesuffix(".weight")
+        if prefix not in linear_prefixes() and prefix != EMBED:
+            assert torch.equal(tensors[name], t), name
+    assert report.tensors[builder.TIED_4BIT] == 1 and builder.EMBEDDING_ROW not in report.tensors
+
+
+def test_int8_rows_give_the_head_its_own_4bit_copy(tiny_whisper, tiny_whisper_int4_int8):
+    out, report = tiny_whisper_int4_int8
+    source = load_file(str(tiny_whisper / "model.safetensors"))
+    tensors = load_file(str(out / "model.safetensors"))
+    ref = source[f"{EMBED}.weight"].float()
+    q, scales = tensors[f"{EMBED}.qweight"], tensors[f"{EMBED}.scales"]
+    assert q.dtype == torch.int8 and q.shape == ref.shape and f"{EMBED}.zeros" not in tensors
+    assert float((int4.dequantize_rows_int8(q, scales) - ref).norm() / ref.norm()) < 0.02
+    head = [tensors[f"proj_out.{s}"] for s in ("qweight", "scales", "zeros")]
+    int4.check_triple(*head, "proj_out")
+    assert float((int4.dequantize(*head) - ref).norm() / ref.norm()) < 0.12
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert (config["format_version"], config["embedding"], config["lm_head"]) == (3, "int8", True)
+    assert verify_manifest(out)["head"] == "int4, its own proj_out"
+    assert report.tensors[builder.EMBEDDING_INT8] == 1 and report.tensors[builder.HEAD_4BIT] == 1
+
+
 def test_k_projections_get_a_zero_bias_of_their_own(tiny_whisper, tiny_whisper_int4):
     out, report = tiny_whisper_int4
     source = load_file(str(tiny_whisper / "model.safetensors"))
@@ -95,6 +155,21 @@ def test_k_projections_get_a_zero_bias_of_their_own(tiny_whisper, tiny_whisper_i
 
 def test_config_and_manifest_say_what_was_quantized(tiny_whisper_int4):
     out, _ = tiny_whisper_int4
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == {
+        "quant_method": "cpu_int4", "bits": 4, "group_size": int4.DEFAULT_GROUP_SIZE, "format_version": 3,
+        "lm_head": True, "zero_point": "float", "embedding": "int4",
+    }
+    assert config["tie_word_embeddings"] is True
+    manifest = verify_manifest(out)
+    assert manifest["format_version"] == 3 and manifest["embedding"] == "int4"
+    assert manifest["head"] == "int4, tied to the token embedding (one copy)"
+    assert manifest["quantized_layers"] == sorted(linear_prefixes() + [EMBED])
+    assert "embedding" not in manifest["kept_unquantized"]
+
+
+def test_config_and_manifest_of_the_embedding_as_stored(tiny_whisper_int4_stored):
+    out, _ = tiny_whisper_int4_stored
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "whisper"
     assert config["quantization_config"] == {
@@ -112,9 +187,10 @@ def test_config_and_manifest_say_what_was_quantized(tiny_whisper_int4):
     assert (out / "generation_config.json").is_file()
 
 
-@pytest.mark.parametrize("option", [{"embedding": "int4"}, {"embedding": "int8"}, {"head": "int4"}])
-def test_a_4bit_embedding_or_head_is_refused_by_name(tiny_whisper, tmp_path, option):
-    with pytest.raises(Int4FormatError, match=rf"--{next(iter(option))} .*whisper checkpoint keeps its token"):
+@pytest.mark.parametrize("option", [{"head": "bf16"}, {"embedding": "int8", "head": "bf16"},
+                                    {"embedding": "bf16", "head": "int4"}])
+def test_a_head_apart_from_its_embedding_is_refused_by_name(tiny_whisper, tmp_path, option):
+    with pytest.raises(Int4FormatError, match=rf"--head {option['head']} .*whisper checkpoint's output head follows"):
         build_cpu_int4_checkpoint(tiny_whisper, tmp_path / "out", progress=False, **option)
     assert not (tmp_path / "out").exists()
 
@@ -242,7 +318,143 @@ def test_models_pull_cpu_int4_builds_a_speech_model_and_serve_names_it(tiny_whis
     monkeypatch.setattr(dm, "pull_model", lambda model, **_: tiny_whisper)
     out = dm.pull_cpu_int4_model(dm.WHISPER_BASE)
     assert out == isolated_cache / "models" / "whisper-base-cpu_int4"
-    assert verify_manifest(out)["quantized_layers"] == linear_prefixes()
+    assert verify_manifest(out)["quantized_layers"] == sorted(linear_prefixes() + [EMBED])
     argv = edge_serve_argv(["whisper-base:cpu_int4", "--port", "8001"])
     assert argv[:3] == ["vllm", "serve", str(out)]
     assert argv[argv.index("--served-model-name") + 1] == "whisper-base:cpu_int4"
+
+
+@pytest.fixture
+def load_vllm_whisper(_vllm_process_groups):
+    """vLLM's WhisperForConditionalGeneration built and loaded by vLLM's loader from a directory
+    (float32, as the server runs whisper-base on this CPU), with patch whisper_int4_vocab applied."""
+    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+
+    from vllm_omni_edge.patches.base import apply_patch_module
+    from vllm_omni_edge.quantization import register_cpu_int4
+
+    register_cpu_int4()
+    assert apply_patch_module("vllm_omni_edge.patches.worker.whisper_int4_vocab").status == "applied"
+
+    def load(path, quantization=None):
+        evidence.reset()
+        model_config = ModelConfig(model=str(path), dtype="float32", skip_tokenizer_init=True, enforce_eager=True,
+                                   quantization=quantization)
+        vllm_config = VllmConfig(model_config=model_config, load_config=LoadConfig(),
+                                 device_config=DeviceConfig("cpu"))
+        with set_current_vllm_config(vllm_config):
+            return get_model(vllm_config=vllm_config)
+
+    yield load
+    evidence.reset()
+
+
+def _storages(model) -> dict[int, torch.Tensor]:
+    return {t.untyped_storage().data_ptr(): t for t in list(model.parameters()) + list(model.buffers())}
+
+
+def _decoder_hidden(vocab: int):
+    torch.manual_seed(2)
+    ids = torch.tensor([0, 5, vocab - 1, 90, 91, 5])
+    return ids, torch.randn(3, D_MODEL)  # three decode rows
+
+
+def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_whisper_int4, load_vllm_whisper):
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from tests.quantization.test_vllm_layers import kernel_tolerance
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+    from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
+
+    out, _ = tiny_whisper_int4
+    model = load_vllm_whisper(out)
+    embed, head = model.model.decoder.embed_tokens, model.proj_out
+    assert isinstance(embed, VocabParallelEmbedding) and isinstance(embed.quant_method, CpuInt4EmbeddingMethod)
+    assert isinstance(head.quant_method, CpuInt4LinearMethod) and head.quant_method.tied_embedding is embed
+    # One copy: the embedding reads the head kernel's tensors; no float matrix of the vocabulary anywhere.
+    layout = embed.int4_embed_layout
+    counts = evidence.kernel_counts()
+    assert counts[f"embedding:gather_{layout}"] == 1, counts
+    assert counts[f"lm_head:{head.int4_kernel.name}"] == 1 and counts["fallback"] == 0, counts
+    if layout in ("stored", "rows16") and head.int4_kernel.name in ("avx2_w4a8", "avx512_w4a8_rows16"):
+        for name in ("qweight", "scales", "zeros"):
+            assert getattr(embed, name).untyped_storage().data_ptr() == getattr(head, name).untyped_storage().data_ptr()
+    vocab = model.config.vocab_size
+    float_vocab = [t.shape for t in _storages(model).values()
+                   if t.is_floating_point() and t.dim() == 2 and t.shape[0] in (vocab, embed.num_embeddings_padded)
+                   and t.shape[1] == D_MODEL]
+    assert float_vocab == [], float_vocab
+    assert not hasattr(head, "cpu_linear") and "weight" not in embed._parameters
+
+    tensors = load_file(str(out / "model.safetensors"))
+    exact = int4.dequantize(*(tensors[f"{EMBED}.{s}"] for s in ("qweight", "scales", "zeros")))
+    ids, hidden = _decoder_hidden(vocab)
+    assert torch.equal(model.embed_input_ids(ids), exact[ids])  # lookups: bit for bit
+    logits = model.compute_logits(hidden)
+    assert logits.shape == (3, vocab)
+    assert relative_error(logits, F.linear(hidden, exact)) < kernel_tolerance()
+
+
+def test_vllm_whisper_quantized_at_load_shares_one_4bit_matrix(tiny_whisper, load_vllm_whisper):
+    """A float checkpoint with quantization="cpu_int4": the embedding quantized once, the head on it."""
+    from tests.quantization.test_vllm_layers import kernel_tolerance
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+
+    model = load_vllm_whisper(tiny_whisper, quantization="cpu_int4")
+    embed, head = model.model.decoder.embed_tokens, model.proj_out
+    assert isinstance(embed.quant_method, CpuInt4EmbeddingMethod) and head.quant_method.tied_embedding is embed
+    assert "weight" not in embed._parameters and "weight" not in head._parameters
+    assert embed.qweight.untyped_storage().data_ptr() == head.qweight.untyped_storage().data_ptr()
+    source = load_file(str(tiny_whisper / "model.safetensors"))[f"{EMBED}.weight"].float()
+    exact = int4.dequantize(*int4.quantize(source, int4.DEFAULT_GROUP_SIZE))  # rows quantize independently
+    ids, hidden = _decoder_hidden(model.config.vocab_size)
+    assert torch.equal(model.embed_input_ids(ids), exact[ids])
+    assert relative_error(model.compute_logits(hidden), F.linear(hidden, exact)) < kernel_tolerance()
+
+
+def test_vllm_whisper_int8_rows_and_its_own_4bit_head(tiny_whisper_int4_int8, load_vllm_whisper):
+    from tests.quantization.test_vllm_layers import kernel_tolerance
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+
+    out, _ = tiny_whisper_int4_int8
+    model = load_vllm_whisper(out)
+    embed, head = model.model.decoder.embed_tokens, model.proj_out
+    assert isinstance(embed.quant_method, CpuInt4EmbeddingMethod) and embed.quant_method.fmt == "int8"
+    assert head.quant_method.tied_embedding is None
+    tensors = load_file(str(out / "model.safetensors"))
+    rows = int4.dequantize_rows_int8(tensors[f"{EMBED}.qweight"], tensors[f"{EMBED}.scales"])
+    head_exact = int4.dequantize(*(tensors[f"proj_out.{s}"] for s in ("qweight", "scales", "zeros")))
+    vocab = model.config.vocab_size
+    ids, hidden = _decoder_hidden(vocab)
+    assert torch.equal(model.embed_input_ids(ids), rows[ids])
+    # The head computes with what proj_out.* holds (loaded by the patch; vLLM's mapper drops it).
+    assert relative_error(model.compute_logits(hidden), F.linear(hidden, head_exact)) < kernel_tolerance()
+
+
+@pytest.mark.parametrize("which", ["float", "embedding as stored"])
+def test_vllm_whisper_without_a_quantized_vocab_is_built_as_vllm_builds_it(
+        tiny_whisper, tiny_whisper_int4_stored, load_vllm_whisper, which):
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    model = load_vllm_whisper(tiny_whisper if which == "float" else tiny_whisper_int4_stored[0])
+    embed, head = model.model.decoder.embed_tokens, model.proj_out
+    assert type(embed) is torch.nn.Embedding and embed.padding_idx == 90
+    assert isinstance(head.quant_method, UnquantizedEmbeddingMethod) and head.weight is embed.weight
+    source = load_file(str(tiny_whisper / "model.safetensors"))[f"{EMBED}.weight"].float()
+    assert torch.equal(embed.weight, source)
+    ids, hidden = _decoder_hidden(model.config.vocab_size)
+    assert torch.equal(model.embed_input_ids(ids), source[ids])
+    torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, source))
+
+
+def test_the_whisper_vocab_patch_is_idempotent(load_vllm_whisper):
+    from vllm.model_executor.models import whisper
+
+    from vllm_omni_edge.patches.worker import whisper_int4_vocab
+
+    init, load = whisper.WhisperDecoder.__init__, whisper.WhisperForConditionalGeneration.load_weights
+    whisper_int4_vocab._wrap(whisper)
+    assert whisper.WhisperDecoder.__init__ is init
+    assert whisper.WhisperForConditionalGeneration.load_weights is load
+    assert not getattr(init.__wrapped__, whisper_int4_vocab.MARKER, False)

@@ -24,6 +24,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.omni_plugin_by_model",
     "vllm_omni_edge.patches.frontend.engine_start_gc",
     "vllm_omni_edge.patches.worker.cpu_int4_registration",
+    "vllm_omni_edge.patches.worker.whisper_int4_vocab",
     "vllm_omni_edge.patches.worker.amx_tile_permission",
     "vllm_omni_edge.patches.worker.compile_cache_load",
     "vllm_omni_edge.patches.worker.compile_cache_key",

@@ -23,10 +23,13 @@ quantization config -- encoder and decoder self-attention q/k/v/out, cross-atten
 q/k/v/out, fc1/fc2 -- is stored 4-bit under its Hugging Face name (vLLM's loader stacks
 q/k/v into ``qkv_proj`` and the cross-attention k/v into ``kv_proj`` by output offset, as
 for a llama's q/k/v). The conv front end, both positional embeddings, the layer norms,
-the biases and the token embedding stay as stored, and the output head stays tied to that
-embedding (``lm_head: false``): vLLM's Whisper builds its token embedding as a plain
-``nn.Embedding`` no quantization config sees and drops every ``proj_out.*`` tensor, so a
-4-bit head or embedding would not be loaded. Whisper's k projections have no bias; vLLM adds
+the norms and the biases stay as stored. The token embedding is stored 4-bit by default
+(format 3, ``"embedding": "int4"``, ``model.decoder.embed_tokens.*``) and the output head
+stays tied to it: patch ``whisper_int4_vocab`` builds vLLM's Whisper embedding with the
+quantization config, and the head shares its one 4-bit copy. ``--embedding int8`` stores
+int8 rows and gives the head its own 4-bit ``proj_out.*`` (the patch loads it);
+``--embedding bf16`` keeps the embedding as stored with the head tied to it (format 2, the
+first Whisper build, which still loads). Whisper's k projections have no bias; vLLM adds
 a zero one only for a ``k_proj.weight`` it reads, so the builder writes zero
 ``k_proj.bias`` tensors beside the 4-bit k projections (vLLM's fused q/k/v bias would
 otherwise hold uninitialised memory in the k rows).
@@ -91,6 +94,8 @@ WHISPER_LINEAR_WEIGHT = re.compile(
 WHISPER_K_PROJ = re.compile(r"\.(self_attn|encoder_attn)\.k_proj$")
 WHISPER_EMBEDDING = "model.decoder.embed_tokens.weight"
 WHISPER_HEAD = "proj_out.weight"  # tied to WHISPER_EMBEDDING; vLLM's loader drops it
+WHISPER_EMBEDDING_PREFIX = WHISPER_EMBEDDING.removesuffix(".weight")
+WHISPER_HEAD_PREFIX = WHISPER_HEAD.removesuffix(".weight")
 EMBEDDING = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
 OUTPUT_WEIGHTS = "model.safetensors"
@@ -280,19 +285,23 @@ def _source_model_type(src: Path) -> str | None:
 
 
 def encoder_decoder_formats(model_type: str, embedding: str | None, head: str | None) -> tuple[str, str]:
-    """(embedding, head) for a Whisper build: both kept as stored ("bf16" names that), nothing else.
+    """(embedding, head) for a Whisper build.
 
-    vLLM's Whisper looks its tokens up in a plain ``nn.Embedding`` and ties its head to it,
-    dropping any ``proj_out.*`` tensor: neither can be loaded 4-bit or int8.
+    The token embedding 4-bit by default, the head tied to it (one copy); ``int8`` rows with a
+    4-bit head of its own; ``bf16`` keeps the embedding as stored ("bf16" names that) with the
+    head tied to it, unquantized. The head follows the embedding: a 4-bit head beside an
+    embedding kept as stored is not offered.
     """
-    for what, asked in (("embedding", embedding), ("head", head)):
-        if asked not in (None, "bf16"):
-            raise Int4FormatError(
-                f"--{what} {asked}: a {model_type} checkpoint keeps its token embedding and the output head "
-                "tied to it as stored (vLLM's Whisper builds the embedding as a plain nn.Embedding and "
-                "drops proj_out.* tensors); leave --embedding and --head unset"
-            )
-    return "bf16", "bf16"
+    embedding = DEFAULT_EMBEDDING if embedding is None else embedding
+    check_embedding_format(embedding)
+    follows = "bf16" if embedding == "bf16" else "int4"
+    if head not in (None, follows):
+        raise Int4FormatError(
+            f"--head {head} with --embedding {embedding}: a {model_type} checkpoint's output head follows its "
+            f"token embedding ({follows} here: tied to the embedding as stored with --embedding bf16, 4-bit "
+            "otherwise); leave --head unset"
+        )
+    return embedding, follows
 
 
 def check_head_format(head: str, embedding: str) -> None:
@@ -370,13 +379,15 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
     if config["model_type"] in ENCODER_DECODER_MODEL_TYPES:
         with contextlib.ExitStack() as stack:
             report, written, quantized_prefixes = _quantize_whisper_tensors(
-                src, out, _open_source_tensors(src, stack), group_size, progress, zero_point
+                src, out, _open_source_tensors(src, stack), group_size, progress, zero_point, embedding
             )
-        _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, "bf16",
-                          tied=True, head="bf16", report=report)
+        tied = embedding != "int8"  # int8: the head has its own 4-bit proj_out.*
+        _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding,
+                          tied=tied, head=head, report=report)
         logger.info("wrote cpu_int4 checkpoint %s (%s; group size %d, %s zero points; %d linears 4-bit, "
-                    "token embedding and tied head as stored)", out, config["model_type"], group_size,
-                    zero_point, report.tensors[LINEAR_4BIT])
+                    "token embedding %s, head %s)", out, config["model_type"], group_size, zero_point,
+                    report.tensors[LINEAR_4BIT], "as stored" if embedding == "bf16" else embedding,
+                    "4-bit of its own" if not tied else "tied to it")
         return report
     with contextlib.ExitStack() as stack:
         report, written, quantized_prefixes = _quantize_tensors(
@@ -430,14 +441,7 @@ def _quantize_tensors(
             store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT)
             continue
         if name == EMBEDDING and embedding == "int8":
-            q, scales = quantize_rows_int8(tensor)
-            ref = tensor.float()
-            report._sq_err[EMBEDDING_INT8] += float((dequantize_rows_int8(q, scales) - ref).square().sum())
-            report._sq_ref[EMBEDDING_INT8] += float(ref.square().sum())
-            written[f"{EMBEDDING_PREFIX}.qweight"], written[f"{EMBEDDING_PREFIX}.scales"] = q, scales
-            report.tensors[EMBEDDING_INT8] += 1
-            report.source_bytes[EMBEDDING_INT8] += tensor.numel() * tensor.element_size()
-            report.written_bytes[EMBEDDING_INT8] += q.numel() + scales.numel() * scales.element_size()
+            _store_int8_rows(report, written, EMBEDDING_PREFIX, tensor)
             continue
         if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
             raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
@@ -484,6 +488,17 @@ def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str
     quantized_prefixes.append(prefix)
 
 
+def _store_int8_rows(report: BuildReport, written: dict, prefix: str, tensor: torch.Tensor) -> None:
+    q, scales = quantize_rows_int8(tensor)
+    ref = tensor.float()
+    report._sq_err[EMBEDDING_INT8] += float((dequantize_rows_int8(q, scales) - ref).square().sum())
+    report._sq_ref[EMBEDDING_INT8] += float(ref.square().sum())
+    written[f"{prefix}.qweight"], written[f"{prefix}.scales"] = q, scales
+    report.tensors[EMBEDDING_INT8] += 1
+    report.source_bytes[EMBEDDING_INT8] += tensor.numel() * tensor.element_size()
+    report.written_bytes[EMBEDDING_INT8] += q.numel() + scales.numel() * scales.element_size()
+
+
 def _keep(report: BuildReport, written: dict, name: str, tensor: torch.Tensor, row: str) -> None:
     if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
@@ -495,11 +510,13 @@ def _keep(report: BuildReport, written: dict, name: str, tensor: torch.Tensor, r
 
 
 def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int, progress: bool,
-                              zero_point: str = DEFAULT_ZERO_POINT):
-    """Whisper: its linears 4-bit, the rest as stored, a zero bias beside each k projection."""
+                              zero_point: str = DEFAULT_ZERO_POINT, embedding: str = DEFAULT_EMBEDDING):
+    """Whisper: its linears and (unless ``embedding`` is bf16) its token embedding quantized, the rest as
+    stored, a zero bias beside each k projection; with int8 rows, a 4-bit head of its own."""
     from tqdm import tqdm
 
-    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding="bf16", head="bf16")
+    head = "bf16" if embedding == "bf16" else "int4"
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head)
     written: dict[str, torch.Tensor] = {}
     quantized_prefixes: list[str] = []
     if WHISPER_EMBEDDING not in where:
@@ -525,6 +542,18 @@ def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int
                 written[f"{prefix}.bias"] = bias
                 report.tensors[ZERO_K_BIAS] += 1
                 report.written_bytes[ZERO_K_BIAS] += bias.numel() * bias.element_size()
+            continue
+        if name == WHISPER_EMBEDDING and embedding != "bf16":
+            if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
+                raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
+            if embedding == "int4":  # one matrix: the head shares it at load
+                _store_4bit(report, written, quantized_prefixes, WHISPER_EMBEDDING_PREFIX, tensor, TIED_4BIT,
+                            group_size, zero_point)
+            else:
+                _store_int8_rows(report, written, WHISPER_EMBEDDING_PREFIX, tensor)
+                _store_4bit(report, written, quantized_prefixes, WHISPER_HEAD_PREFIX, tensor, HEAD_4BIT,
+                            group_size, zero_point)
+                report.source_bytes[HEAD_4BIT] = 0  # tied in the source: no separate matrix existed
             continue
         row = next((r for pattern, r in WHISPER_KEPT if pattern.match(name)), None)
         _keep(report, written, name, tensor, row or _classify_kept(name, tensor))
@@ -582,9 +611,11 @@ def _write_checkpoint(
                 "zero_point": zero_point, "embedding": embedding, "head": head,
                 "model_type": config.get("model_type"),
                 "quantized_layers": sorted(quantized_prefixes)}
-        if encoder_decoder:
+        if encoder_decoder and embedding == "bf16":
             info["embedding"] = "as stored"
             info["head"] = "tied to the token embedding, as stored"
+        elif encoder_decoder:
+            info["head"] = "int4, tied to the token embedding (one copy)" if tied else "int4, its own proj_out"
         if report is not None:
             info["kept_unquantized"] = {row: n for row, n in sorted(report.tensors.items())
                                         if n and row not in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT,
@@ -592,7 +623,9 @@ def _write_checkpoint(
         write_manifest(tmp, [OUTPUT_WEIGHTS, "config.json"], info)
         _verify_written(tmp, quantized_prefixes, embedding, tied, head,
                         linear_pattern=WHISPER_LINEAR_WEIGHT if encoder_decoder else LINEAR_WEIGHT,
-                        zero_k_bias=encoder_decoder)
+                        zero_k_bias=encoder_decoder,
+                        embedding_prefix=WHISPER_EMBEDDING_PREFIX if encoder_decoder else EMBEDDING_PREFIX,
+                        head_prefix=WHISPER_HEAD_PREFIX if encoder_decoder else "lm_head")
 
 
 def _is_copied_metadata(path: Path) -> bool:
@@ -606,8 +639,10 @@ def _is_copied_metadata(path: Path) -> bool:
 
 def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: str = DEFAULT_EMBEDDING,
                     tied: bool = False, head: str = DEFAULT_HEAD, linear_pattern: re.Pattern = LINEAR_WEIGHT,
-                    zero_k_bias: bool = False) -> None:
+                    zero_k_bias: bool = False, embedding_prefix: str = EMBEDDING_PREFIX,
+                    head_prefix: str = "lm_head") -> None:
     """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit."""
+    head_weight = f"{head_prefix}.weight"
     from safetensors import safe_open
 
     verify_manifest(directory)
@@ -631,16 +666,17 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
             if zero_k_bias and WHISPER_K_PROJ.search(prefix) and f"{prefix}.bias" not in names:
                 problems.append(f"{prefix}: no bias (vLLM's fused projection would read uninitialised memory)")
         if tied:
-            if any(n.startswith("lm_head.") for n in names):
-                problems.append("a tied head is stored as the embedding, but lm_head.* tensors were written")
+            if any(n.startswith(f"{head_prefix}.") for n in names):
+                problems.append(f"a tied head is stored as the embedding, but {head_prefix}.* tensors were written")
         elif head == "bf16":
-            if HEAD not in names or "lm_head.qweight" in names:
-                problems.append("the output head lm_head is not stored bf16")
-        elif "lm_head.qweight" not in names:
-            problems.append("the output head lm_head is not stored 4-bit")
-        if embedding != "bf16" and (EMBEDDING in names or f"{EMBEDDING_PREFIX}.qweight" not in names):
+            if head_weight not in names or f"{head_prefix}.qweight" in names:
+                problems.append(f"the output head {head_prefix} is not stored bf16")
+        elif f"{head_prefix}.qweight" not in names:
+            problems.append(f"the output head {head_prefix} is not stored 4-bit")
+        if embedding != "bf16" and (f"{embedding_prefix}.weight" in names
+                                    or f"{embedding_prefix}.qweight" not in names):
             problems.append(f"the input embedding is not stored {embedding}")
-        leftovers = [n for n in names if linear_pattern.match(n) or (n == HEAD and head != "bf16")]
+        leftovers = [n for n in names if linear_pattern.match(n) or (n == head_weight and head != "bf16")]
         if leftovers:
             problems.append(f"full-precision linear weights left: {sorted(leftovers)[:5]}")
     if problems:
@@ -675,7 +711,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="int4: the input embedding 4-bit too, a tied head sharing it (format 3); int8: int8 rows "
         "with a scale per row, a tied head given its own 4-bit copy (format 3); bf16: copied unchanged, "
         "a tied head given its own 4-bit copy (format 2). Default: int4, bf16 for a GGUF whose head is "
-        "kept bf16; a Whisper checkpoint keeps its embedding as stored (only bf16, meaning that, is taken)",
+        "kept bf16; for a Whisper checkpoint int4 too (its head tied to it), bf16 keeping it as stored",
     )
     parser.add_argument(
         "--head",
@@ -683,7 +719,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=HEAD_FORMATS,
         help="int4: the output head 4-bit; bf16: left unquantized (needs --embedding bf16; a tied head "
         f"stays tied to the bf16 embedding). Default: int4; {GGUF_TIED_HEAD} for a GGUF whose head is its "
-        "embedding (unless --embedding int4/int8)",
+        "embedding (unless --embedding int4/int8); a Whisper checkpoint's head follows its embedding",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
