@@ -56,6 +56,7 @@ from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert
 from vllm_omni_edge.quantization.int4 import (
     BITS,
     DEFAULT_EMBEDDING,
+    ENCODER_DECODER_MODEL_TYPES,
     TIED_HEAD_EMBEDDING,
     EMBEDDING_FORMATS,
     SCALE_DTYPE,
@@ -84,7 +85,6 @@ QUANT_METHOD = "cpu_int4"
 # Architectures whose tensor names the classifiers below know: llama-style decoders, and
 # Whisper's encoder-decoder. Run end to end: llama (SmolLM2), qwen2 (Qwen2.5-Coder), whisper.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "whisper")
-ENCODER_DECODER_MODEL_TYPES = ("whisper",)
 LINEAR_WEIGHT = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight$")
 # Whisper: the linears vLLM's WhisperAttention / WhisperCrossAttention / WhisperMLP build
 # with the quantization config (encoder and decoder).

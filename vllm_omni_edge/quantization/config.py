@@ -32,6 +32,7 @@ from vllm_omni_edge.quantization import evidence
 from vllm_omni_edge.quantization.int4 import (
     BITS,
     DEFAULT_EMBEDDING,
+    ENCODER_DECODER_MODEL_TYPES,
     TIED_HEAD_EMBEDDING,
     DEFAULT_GROUP_SIZE,
     DEFAULT_ZERO_POINT,
@@ -139,8 +140,10 @@ class CpuInt4Config(QuantizationConfig):
     def maybe_update_config(self, model_name: str, hf_config=None, revision=None):
         # Runs once, in the front end, before any worker reads the weights.
         if not self.prequantized:
-            if not self.embedding_asked and hf_config is not None and self.lm_head and getattr(
-                    getattr(hf_config, "get_text_config", lambda: hf_config)(), "tie_word_embeddings", False):
+            text_config = getattr(hf_config, "get_text_config", lambda: hf_config)() if hf_config else None
+            if (not self.embedding_asked and text_config is not None and self.lm_head
+                    and getattr(text_config, "tie_word_embeddings", False)
+                    and getattr(hf_config, "model_type", None) not in ENCODER_DECODER_MODEL_TYPES):
                 self.embedding = TIED_HEAD_EMBEDDING  # the builder's default for a tied head
             return
         if not os.path.isdir(model_name):

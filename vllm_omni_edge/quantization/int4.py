@@ -51,6 +51,9 @@ DEFAULT_EMBEDDING = "int4"
 # head's, and read as the input embedding it costs measurable quality on the default model
 # (docs/edge/cpu-4bit.md); int8 rows keep it, with the head its own 4-bit copy.
 TIED_HEAD_EMBEDDING = "int8"
+# Encoder-decoder models the builder takes; their tied vocabulary matrix stays one 4-bit copy
+# (transcripts unchanged, docs/edge/speech.md).
+ENCODER_DECODER_MODEL_TYPES = ("whisper",)
 ZERO_POINT_MODES = ("float", "int")
 DEFAULT_ZERO_POINT = "float"
 # Group 32 with float offsets: KLD 0.065 vs 0.298 nats for group 128 on the default model
