@@ -39,7 +39,9 @@ RECORD = PatchRecord(
     why="vLLM-Omni's general plugin imports all of vllm_omni in every process that loads vLLM, "
     "to register architectures a text or Whisper model never resolves.",
     verified_by="tests/test_plugin_selection.py (choice per model, environment restored, the "
-    "user's VLLM_PLUGINS kept, LLM() on a text model without vllm_omni); tests/omni.",
+    "user's VLLM_PLUGINS kept, LLM() on a text model without vllm_omni); tests/omni. PSS_Anon "
+    "SmolLM2 LLM() -18 MiB, server -16 MiB (results/2026-12-04-memory-omni-plugin-epyc); Qwen "
+    "LLM() -15 MiB (results/2026-12-04-memory-levers-qwen-epyc).",
     remove_when="vLLM-Omni registers its architectures lazily, without importing its package.",
     upstream="none found",
 )
