@@ -206,3 +206,13 @@ def test_load_runs_every_request_once_with_bounded_concurrency(monkeypatch):
     load = asyncio.run(server_load.run_load("http://x", "m", prompts, 4, clients=2, request_timeout_s=5,
                                             duration_s=1e-9))
     assert load["not_sent"] == 10 and load["outcomes"] == []
+
+
+def test_a_stream_whose_tokens_arrived_bunched_is_a_problem():
+    steady = [0.0066] * 127  # ~150 tok/s, one token per event
+    assert server_load.bunched_stream_problem(steady, "tg128 decode") is None
+    # A starved client: the first token late, then the rest read back to back.
+    bunched = [0.00008] * 100 + [0.06] + [0.00008] * 26
+    problem = server_load.bunched_stream_problem(bunched, "tg128 decode")
+    assert problem and "bunched" in problem and "tg128 decode" in problem
+    assert server_load.bunched_stream_problem([0.00008] * 5, "short") is None  # too few to judge

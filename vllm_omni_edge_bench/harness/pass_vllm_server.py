@@ -148,10 +148,14 @@ class ServerPass:
             gen = min(workload.get("gen_tokens", 1), WARMUP_GEN_TOKENS)
             requests.append(self.single(self.prompt(workload["prompt_tokens"]), gen, f"{label} warm-up"))
         if kind == "decode":
+            from vllm_omni_edge_bench.harness import server_load
+
             n_gen = workload["gen_tokens"]
             full = self.single(self.prompt(workload["prompt_tokens"]), n_gen, f"{label} decode")
             requests.append(full)
             decode_s = sum(full["token_gaps_s"])
+            if (bunched := server_load.bunched_stream_problem(full["token_gaps_s"], f"{label} decode")):
+                self.problems.append(bunched)
             if full["status"] == "completed" and decode_s > 0:
                 figures[label] = _figure((full["streamed_tokens"] - 1) / decode_s, "tok/s", "higher", STREAM_DECODE)
         elif kind in ("prefill", "ttft"):

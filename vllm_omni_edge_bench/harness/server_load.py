@@ -215,6 +215,22 @@ def outcome_problems(outcomes: list[RequestOutcome], what: str) -> list[str]:
     return problems
 
 
+# One sequence's tokens cannot come faster than this on a CPU; closer gaps mean the client read
+# them late (it was starved of the CPU), so a rate taken from them would be the client's, not the server's.
+BUNCHED_GAP_S = 0.0005
+
+
+def bunched_stream_problem(gaps_s: list[float], what: str) -> str | None:
+    """A problem when most of one stream's token gaps are shorter than :data:`BUNCHED_GAP_S`."""
+    if len(gaps_s) < 8:
+        return None
+    median = sorted(gaps_s)[len(gaps_s) // 2]
+    if median >= BUNCHED_GAP_S:
+        return None
+    return (f"{what}: tokens arrived bunched (median gap {median * 1e3:.3f} ms): the client read them "
+            "late, so the stream rate is not the server's")
+
+
 def summarise_load(outcomes: list[RequestOutcome], not_sent: int) -> dict[str, Any]:
     """Counts by status, throughput over the load's wall time, latency percentiles of completed requests."""
     by_status: dict[str, int] = {}
