@@ -64,7 +64,12 @@ def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
     int4 = grid.arm("serve-cpu-int4")
     assert (int4.engine, int4.model, int4.env, int4.llm_kwargs) == ("speech-server", "whisper-base:cpu_int4", {}, {})
     assert grid.control == base.control and grid.passes == base.passes and grid.workloads == base.workloads
-    assert [a for a in grid.arms if a.name != "serve-cpu-int4"] == base.arms
+    # The same arms; this grid also asserts the servers' evidence (kernels, levers).
+    def unexpected(arms):
+        return [a.model_copy(update={"expect": {}}) for a in arms]
+
+    assert unexpected(a for a in grid.arms if a.name != "serve-cpu-int4") == unexpected(base.arms)
+    assert grid.arm("serve").expect["quantization"] is None and int4.expect["quantization"] == "cpu_int4"
 
 
 @pytest.mark.parametrize("arm, says", [
