@@ -195,12 +195,7 @@ def build_cpu_int4_checkpoint(
     Left as None, both follow the source (:func:`default_formats`).
     """
     src, out = Path(src).expanduser(), Path(out).expanduser()
-    if src.suffix == ".gguf" and src.is_file():
-        embedding, head = default_formats(gguf_ties_head(src), embedding, head)
-    elif _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
-        embedding, head = encoder_decoder_formats(_source_model_type(src), embedding, head)
-    else:
-        embedding, head = default_formats(None, embedding, head, tied_head=source_ties_head(src))
+    embedding, head = build_formats(src, embedding, head)
     check_group_size(group_size)
     check_zero_point(zero_point)
     check_embedding_format(embedding)
@@ -266,14 +261,18 @@ def source_ties_head(src: Path) -> bool:
     return isinstance(config, dict) and bool(config.get("tie_word_embeddings", True))
 
 
+def build_formats(src: Path, embedding: str | None, head: str | None) -> tuple[str, str]:
+    """(embedding, head) a build of ``src`` writes: what was asked, else the source's defaults."""
+    if src.suffix == ".gguf" and src.is_file():
+        return default_formats(gguf_ties_head(src), embedding, head)
+    if _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
+        return encoder_decoder_formats(_source_model_type(src), embedding, head)
+    return default_formats(None, embedding, head, tied_head=source_ties_head(src))
+
+
 def default_build_formats(src: Path) -> tuple[str, str]:
     """(embedding, head) that :func:`build_cpu_int4_checkpoint` chooses for ``src`` when asked nothing."""
-    src = Path(src).expanduser()
-    if src.suffix == ".gguf" and src.is_file():
-        return default_formats(gguf_ties_head(src), None, None)
-    if _source_model_type(src) in ENCODER_DECODER_MODEL_TYPES:
-        return encoder_decoder_formats(_source_model_type(src), None, None)
-    return default_formats(None, None, None, tied_head=source_ties_head(src))
+    return build_formats(Path(src).expanduser(), None, None)
 
 
 def _source_model_type(src: Path) -> str | None:
