@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 import torch
 
 from tests.conftest import vllm_env
-from tests.e2e.test_whisper_serve import FIXTURE_WER_MAX
+from tests.e2e.test_whisper_serve import FIXTURE_WER_MAX, text_of
+from tests.e2e.test_whisper_serve import transcribe as post_transcription
 from tests.speech import sentences, wav, wer
 from vllm_omni_edge.cli.demo import ServerProcess, free_port
 
@@ -55,11 +55,7 @@ def server(tmp_path_factory):
 
 
 def transcribe(server, key: str) -> str:
-    response = httpx.post(server.base_url + "/v1/audio/transcriptions",
-                          data={"model": SERVED, "language": "en", "temperature": "0"},
-                          files={"file": ("audio.wav", wav(key).read_bytes(), "audio/wav")}, timeout=300)
-    assert response.status_code == 200, response.text
-    return response.json()["text"].strip()
+    return text_of(post_transcription(server, wav(key).read_bytes(), served=SERVED))
 
 
 def test_fixtures_are_transcribed_within_the_float_bound(server):

@@ -48,8 +48,8 @@ def server(tmp_path_factory):
     assert srv.stop() is not None
 
 
-def transcribe(server, data: bytes, filename="audio.wav", timeout=300, **fields) -> httpx.Response:
-    form = {"model": SERVED, "language": "en", "temperature": "0", **fields}
+def transcribe(server, data: bytes, filename="audio.wav", timeout=300, served=SERVED, **fields) -> httpx.Response:
+    form = {"model": served, "language": "en", "temperature": "0", **fields}
     return httpx.post(server.base_url + "/v1/audio/transcriptions", data=form,
                       files={"file": (filename, data, "audio/wav")}, timeout=timeout)
 
