@@ -268,6 +268,9 @@ FLAGS: tuple[Flag, ...] = (
     Choice("VLLM_OMNI_EDGE_TOKENIZER_POOL", "vLLM's renderer tokenizer pool: one deep copy up front, "
            "more only when threads use it at once (lazy); or renderer_num_workers + 1 up front (vllm)",
            LEVER, ("patches/frontend/tokenizer_pool.py",), ("lazy", "vllm"), "lazy"),
+    Switch("VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER", "the Hugging Face processors vLLM builds share the "
+           "tokenizer vLLM passes them (1); or each loads its own copy, as transformers does (0)", LEVER,
+           ("patches/frontend/processor_tokenizer.py",)),
     # Settings.
     # The default leaves room for the base64 audio and images of omni models.
     Number("VLLM_OMNI_EDGE_MAX_REQUEST_BYTES", "the largest request body `vllm-omni-edge serve` "

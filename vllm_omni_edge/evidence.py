@@ -61,6 +61,7 @@ def write_process_record() -> Path | None:
             "shm_reader_busy_loop_s": _shm_reader_busy_loop_s(),
             "startup_gc": startup_gc.record(),
             "tokenizer_pool": _tokenizer_pool(),
+            "processor_tokenizers": _processor_tokenizers(),
             "weights_check": _weights_check(),
         },
     )
@@ -78,6 +79,13 @@ def _tokenizer_pool() -> list[dict[str, int]]:
     from vllm_omni_edge.patches.frontend import tokenizer_pool
 
     return tokenizer_pool.record()
+
+
+def _processor_tokenizers() -> dict[str, int]:
+    """Tokenizers HF processors in this process loaded from files, were passed, or reused."""
+    from vllm_omni_edge.patches.frontend import processor_tokenizer
+
+    return processor_tokenizer.record()
 
 
 def _compile_warmup_tokens() -> int | None:
@@ -213,6 +221,8 @@ def collect_worker_evidence(worker) -> dict:
         "startup_gc": startup_gc.record(),
         # vLLM's renderer tokenizer pools built in this process (patches/frontend/tokenizer_pool.py).
         "tokenizer_pool": _tokenizer_pool(),
+        # Tokenizers vLLM's HF processors loaded or shared (patches/frontend/processor_tokenizer.py).
+        "processor_tokenizers": _processor_tokenizers(),
         "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the
