@@ -68,8 +68,21 @@ def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
     def unexpected(arms):
         return [a.model_copy(update={"expect": {}}) for a in arms]
 
-    assert unexpected(a for a in grid.arms if a.name != "serve-cpu-int4") == unexpected(base.arms)
+    added = ("serve-cpu-int4", "serve-cpu-int4-own-tokenizers")
+    assert unexpected(a for a in grid.arms if a.name not in added) == unexpected(base.arms)
     assert grid.arm("serve").expect["quantization"] is None and int4.expect["quantization"] == "cpu_int4"
+    # The lever's A/B arm: the same command with processors loading their own tokenizers.
+    own = grid.arm("serve-cpu-int4-own-tokenizers")
+    assert (own.model, own.env) == (int4.model, {"VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER": "0"})
+    assert int4.expect["processor_tokenizers.loaded"] == 0 and own.expect["processor_tokenizers.reused"] == 0
+
+
+def test_a_speech_server_arm_may_switch_one_of_our_levers():
+    data = speech_grid()
+    lever = {"name": "x", "engine": "speech-server", "model": "whisper-base",
+             "env": {"VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER": "0"}}
+    data["arms"] = [data["arms"][0], lever]
+    assert parse_grid(data).arm("x").env == {"VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER": "0"}
 
 
 @pytest.mark.parametrize("arm, says", [
@@ -81,7 +94,7 @@ def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
     ({"name": "x", "engine": "speech-server", "model": "whisper-base", "llm_kwargs": {"enforce_eager": True}},
      "literal command"),
     ({"name": "x", "engine": "speech-server", "model": "whisper-base", "env": {"OMP_NUM_THREADS": "2"}},
-     "no environment flags"),
+     "env may only switch one of our levers"),
     ({"name": "x", "engine": "faster-whisper", "model": "whisper-base", "faster_whisper": {"compute_type": "int4"}},
      "compute_type"),
     ({"name": "x", "engine": "faster-whisper", "model": "whisper-base", "faster_whisper": {"threads": 2}},

@@ -22,6 +22,10 @@ SIZE_KWARGS = ("kv_cache_memory_bytes",)
 _SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # used in file names
 
 
+# Our flags' common prefix: the only environment a speech-server arm may set (a lever's A/B arm).
+OUR_FLAG_PREFIX = "VLLM_OMNI_EDGE_"
+
+
 class GridError(ValueError):
     """A grid file that cannot be run, with one line per problem."""
 
@@ -368,9 +372,10 @@ class Arm(_Strict):
             if self.user_command:
                 raise ValueError("user_command is for vllm and vllm-server arms; a speech-server arm always runs "
                                  "the literal `vllm-omni-edge serve MODEL`")
-            if self.engine == "speech-server" and self.env:
-                raise ValueError(f"a speech-server arm runs the literal command with no environment flags; "
-                                 f"remove env ({', '.join(self.env)})")
+            if self.engine == "speech-server" and self.env and not all(
+                    name.startswith(OUR_FLAG_PREFIX) for name in self.env):
+                raise ValueError(f"a speech-server arm runs the literal command; env may only switch one of our "
+                                 f"levers ({OUR_FLAG_PREFIX}*), not {', '.join(self.env)}")
         return self
 
     @model_validator(mode="after")
