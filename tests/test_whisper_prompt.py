@@ -26,16 +26,22 @@ class _WordTokenizer:
         return "".join(ids)
 
 
+def _unwrapped(function):
+    """vLLM's own function, also when the plugin already patched it in this process."""
+    return getattr(function, "__wrapped__", function)
+
+
 @pytest.fixture
 def whisper_cls(monkeypatch):
     """vLLM's Whisper class, wrapped twice (idempotent) on a subclass so vLLM's own stays as it is."""
     import vllm.tokenizers
     from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
 
-    cls = type("Whisper", (WhisperForConditionalGeneration,), {})
+    stock = _unwrapped(WhisperForConditionalGeneration.get_generation_prompt.__func__)
+    cls = type("Whisper", (WhisperForConditionalGeneration,), {"get_generation_prompt": classmethod(stock)})
     for _ in range(2):
         patch._wrap_prompt(cls)
-    assert cls.get_generation_prompt.__func__.__wrapped__ is WhisperForConditionalGeneration.get_generation_prompt.__func__
+    assert cls.get_generation_prompt.__func__.__wrapped__ is stock
     monkeypatch.setattr(vllm.tokenizers, "cached_tokenizer_from_config", lambda model_config: model_config.tokenizer)
     return cls
 
@@ -63,9 +69,9 @@ def test_a_long_prompt_keeps_its_last_tokens(whisper_cls):
     words = [f"w{i}" for i in range(600)]
     text = _decoder_text(whisper_cls, " ".join(words))
     kept = text.removeprefix("<|startofprev|>").removesuffix(TASK)
-    assert kept == " " + " ".join(words[-223:])  # 448 // 2 - 1, as OpenAI's Whisper keeps
+    assert kept == " " + " ".join(words[-(448 // 2 - 1):])  # half the decoder less one, as OpenAI's Whisper
     kept = _decoder_text(whisper_cls, " ".join(words), max_model_len=100).removeprefix("<|startofprev|>")
-    assert kept.removesuffix(TASK).split() == words[-49:]
+    assert kept.removesuffix(TASK).split() == words[-(100 // 2 - 1):]
 
 
 def _whisper_base_tokenizer():
@@ -84,8 +90,7 @@ def engine_inputs(monkeypatch):
     """vllm.inputs.engine with the decoder-start wrapper on (twice: idempotent), undone after the test."""
     from vllm.inputs import engine
 
-    stock = getattr(engine._prepare_decoder_input_ids_for_generation, "__wrapped__",
-                    engine._prepare_decoder_input_ids_for_generation)
+    stock = _unwrapped(engine._prepare_decoder_input_ids_for_generation)
     monkeypatch.setattr(engine, "_prepare_decoder_input_ids_for_generation", stock)
     for _ in range(2):
         patch._wrap_decoder_start(engine)
@@ -122,8 +127,7 @@ def test_vllm_alone_splits_its_prev_marker_into_text():
     from vllm.config.speech_to_text import SpeechToTextConfig, SpeechToTextParams
     from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
 
-    original = getattr(WhisperForConditionalGeneration.get_generation_prompt.__func__, "__wrapped__",
-                       WhisperForConditionalGeneration.get_generation_prompt.__func__)
+    original = _unwrapped(WhisperForConditionalGeneration.get_generation_prompt.__func__)
     params = SpeechToTextParams(audio=np.zeros(16000, np.float32), stt_config=SpeechToTextConfig(),
                                 model_config=None, language="en", request_prompt="An office memo.")
     assert original(WhisperForConditionalGeneration, params)["decoder_prompt"]["prompt"] == \
@@ -155,16 +159,17 @@ def _segments(method, tokens):
 def serving_cls():
     from vllm.entrypoints.speech_to_text.base.serving import SpeechToTextBaseServing
 
-    cls = type("Serving", (SpeechToTextBaseServing,), {})
+    stock = _unwrapped(SpeechToTextBaseServing._get_verbose_segments)
+    cls = type("Serving", (SpeechToTextBaseServing,), {"_get_verbose_segments": stock})
     for _ in range(2):
         patch._wrap_segments(cls)
-    assert cls._get_verbose_segments.__wrapped__ is SpeechToTextBaseServing._get_verbose_segments
+    assert cls._get_verbose_segments.__wrapped__ is stock
     return cls
 
 
 @pytest.mark.parametrize("tokens", [(), (EOS,)])
 def test_an_empty_output_is_no_segment(serving_cls, tokens):
-    with pytest.raises(IndexError):  # vLLM alone: the 500 "tuple index out of range"
+    with pytest.raises(IndexError):  # vLLM alone: "tuple index out of range", a 500
         _segments(serving_cls._get_verbose_segments.__wrapped__, tokens)
     assert _segments(serving_cls._get_verbose_segments, tokens) == []
 

@@ -85,7 +85,7 @@ def test_openai_client_and_its_fields(server):
 
 def test_prompt_keeps_the_whole_transcript(server):
     """The prompt is previous text, first in the decoder prompt (patch whisper_prompt): vLLM alone
-    stopped after a few words (' Please and the report') and answered verbose_json with a 500."""
+    stopped after a few words and answered verbose_json with a 500."""
     report = wav("report").read_bytes()
     hyp = text_of(transcribe(server, report, prompt="An office memo."))
     assert wer([sentences()["report"]], [hyp]) <= 0.2, hyp
@@ -94,7 +94,7 @@ def test_prompt_keeps_the_whole_transcript(server):
     body = verbose.json()
     assert body["text"].strip() == hyp and body["segments"], body
     assert "".join(s["text"] for s in body["segments"]).strip() == hyp
-    # Over the decoder's 448 positions: its last tokens are kept, as OpenAI's Whisper does (vLLM alone: a 400).
+    # Longer than the decoder's positions: its last tokens are kept, as OpenAI's Whisper does (vLLM alone: a 400).
     minutes = " ".join(f"Minutes of meeting {i}, held in room {i % 7}." for i in range(120))
     long = text_of(transcribe(server, report, prompt=minutes))
     assert wer([sentences()["report"]], [long]) <= 0.2, long

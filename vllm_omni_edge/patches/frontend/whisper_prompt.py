@@ -10,15 +10,14 @@ already holding the decoder start token is left as it is (transformers' Whisper 
 not put a second start token in front of the previous text).
 Wraps ``SpeechToTextBaseServing._get_verbose_segments`` so that an output with no token before
 the end of text gives no segment instead of raising.
-Why: vLLM writes ``<|prev|>``, which is not a Whisper token: the tokenizer splits it into six
-text tokens (``<``, ``|``, ``pre``, ``v``, ``|``, ``>``) glued to the prompt, and the decoder
-reads them as speech already transcribed and stops or loops (the report fixture with "An office
-memo." gave " Please and the report"). With ``response_format=verbose_json`` the same prompt
+Why: vLLM writes ``<|prev|>``, which is not a Whisper token: the tokenizer splits it into text
+tokens (``<``, ``|``, ``pre``, ``v``, ``|``, ``>``) glued to the prompt, and the decoder reads
+them as speech already transcribed and stops after a few words or loops. With ``response_format=verbose_json`` the same prompt
 made the model end at once, and vLLM's segment parser indexes the last two tokens of
 ``(<|0.00|>,) + output``: an empty output raised "tuple index out of range", a 500. With the
 right token the decoder prompt still did not start with ``<|startoftranscript|>``, so vLLM put
-one in front of ``<|startofprev|>``, a layout Whisper never saw: prompts of a few dozen tokens
-cut the transcript short. A prompt over the decoder's 448 positions was refused (400).
+one in front of ``<|startofprev|>``, a layout Whisper never saw: longer prompts still cut the
+transcript short. A prompt longer than the decoder's positions was refused (a 400).
 Verified by: tests/test_whisper_prompt.py (the decoder prompt's tokens are transformers'
 ``get_prompt_ids`` followed by vLLM's own, with no start token put in front; the cut; an empty
 output parses to no segment); tests/e2e/test_whisper_serve.py (``prompt`` with json and
@@ -46,7 +45,7 @@ RECORD = PatchRecord(
     "vllm.inputs.engine._prepare_decoder_input_ids_for_generation; "
     "vllm.entrypoints.speech_to_text.base.serving.SpeechToTextBaseServing._get_verbose_segments",
     process=Process.FRONTEND,
-    why="vLLM puts a transcription prompt after '<|prev|>', not a Whisper token (six text tokens), and "
+    why="vLLM puts a transcription prompt after '<|prev|>', not a Whisper token (it becomes text), and "
     "puts <|startoftranscript|> in front of it, so Whisper stops after a few words; with verbose_json "
     "it ended at once and the segment parser raised IndexError (a 500).",
     verified_by="tests/test_whisper_prompt.py; tests/e2e/test_whisper_serve.py "
