@@ -17,6 +17,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.fp16_as_float32",
     "vllm_omni_edge.patches.frontend.encoder_batched_tokens",
     "vllm_omni_edge.patches.frontend.transcription_text_format",
+    "vllm_omni_edge.patches.frontend.whisper_prompt",
     "vllm_omni_edge.patches.worker.kv_default_exact",
     "vllm_omni_edge.patches.worker.kv_resident_as_used",
     "vllm_omni_edge.patches.frontend.single_process",
