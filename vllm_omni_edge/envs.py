@@ -268,6 +268,9 @@ FLAGS: tuple[Flag, ...] = (
     Choice("VLLM_OMNI_EDGE_TOKENIZER_POOL", "vLLM's renderer tokenizer pool: one deep copy up front, "
            "more only when threads use it at once (lazy); or renderer_num_workers + 1 up front (vllm)",
            LEVER, ("patches/frontend/tokenizer_pool.py",), ("lazy", "vllm"), "lazy"),
+    Choice("VLLM_OMNI_EDGE_TOKENIZER_TABLES", "vLLM's tokenizers drop the Python copy of their vocabulary "
+           "and merges that transformers keeps only for saving (drop); or keep it (keep)", LEVER,
+           ("patches/frontend/tokenizer_tables.py",), ("drop", "keep"), "drop"),
     Switch("VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER", "the Hugging Face processors vLLM builds share the "
            "tokenizer vLLM passes them (1); or each loads its own copy, as transformers does (0)", LEVER,
            ("patches/frontend/processor_tokenizer.py",)),

@@ -62,6 +62,7 @@ def write_process_record() -> Path | None:
             "startup_gc": startup_gc.record(),
             "tokenizer_pool": _tokenizer_pool(),
             "processor_tokenizers": _processor_tokenizers(),
+            "tokenizer_tables": _tokenizer_tables(),
             "weights_check": _weights_check(),
         },
     )
@@ -86,6 +87,13 @@ def _processor_tokenizers() -> dict[str, int]:
     from vllm_omni_edge.patches.frontend import processor_tokenizer
 
     return processor_tokenizer.record()
+
+
+def _tokenizer_tables() -> dict[str, int]:
+    """Tokenizers in this process that dropped their Python vocabulary and merges, and their sizes."""
+    from vllm_omni_edge.patches.frontend import tokenizer_tables
+
+    return tokenizer_tables.record()
 
 
 def _compile_warmup_tokens() -> int | None:
@@ -223,6 +231,8 @@ def collect_worker_evidence(worker) -> dict:
         "tokenizer_pool": _tokenizer_pool(),
         # Tokenizers vLLM's HF processors loaded or shared (patches/frontend/processor_tokenizer.py).
         "processor_tokenizers": _processor_tokenizers(),
+        # Tokenizers whose Python vocabulary/merges were dropped (patches/frontend/tokenizer_tables.py).
+        "tokenizer_tables": _tokenizer_tables(),
         "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the

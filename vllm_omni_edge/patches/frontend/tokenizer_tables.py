@@ -1,0 +1,125 @@
+"""vLLM's tokenizers drop the Python copy of their vocabulary and merges once the Rust tokenizer holds them.
+
+What: wraps ``vllm.tokenizers.hf.get_cached_tokenizer`` (every Hugging Face tokenizer vLLM serves
+with passes through it, and the renderer pool's deep copies are rebuilt through it). Before vLLM
+caches the tokenizer, the ``_vocab`` dict and ``_merges`` list that many transformers 5 tokenizer
+classes (Qwen2, Whisper, GPT-2, Llama, ...) keep after building their Rust ``tokenizers`` backend
+are set to None. Encoding and decoding read the Rust backend only; in transformers 5 no method of
+a class whose tables are a vocabulary dict and a merges list reads them after ``__init__`` except
+Whisper's ``save_vocabulary``. ``save_vocabulary`` is wrapped to rebuild them from the backend's
+own serialisation first, so a saved tokenizer writes the same files. Only with transformers 5.
+Why: the tables are a second copy of the vocabulary in Python objects, kept only for saving:
+about 40 MiB for Qwen2.5's 151k-token vocabulary, and vLLM holds two tokenizers (its own and the
+renderer pool's deep copy) per server.
+Flag: ``VLLM_OMNI_EDGE_TOKENIZER_TABLES=keep`` keeps them (the A/B arm); default ``drop``.
+Verified by: tests/test_tokenizer_tables.py (tables dropped, the same token ids and text, a
+deep copy carries none, ``save_pretrained`` writes the vocabulary and merges the tokenizer was
+built from, tokenizers without tables untouched, idempotent, the flag); evidence
+``tokenizer_tables`` (tokenizers and vocabulary entries dropped) in the process record.
+Remove when: transformers' tokenizers stop keeping Python tables beside the Rust backend.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import when_imported
+
+TARGET_MODULE = "vllm.tokenizers.hf"
+MARKER = "__edge_tokenizer_tables__"
+
+RECORD = PatchRecord(
+    name="tokenizer_tables",
+    kind=Kind.LEVER,
+    target=f"{TARGET_MODULE}.get_cached_tokenizer; the tokenizer classes' save_vocabulary",
+    process=Process.FRONTEND,  # tokenizers live where requests are rendered: LLM(), the API server
+    why="transformers 5 BPE tokenizers keep a Python copy of vocabulary and merges beside the Rust "
+    "backend, only for save_vocabulary; vLLM holds two tokenizers per server.",
+    verified_by="tests/test_tokenizer_tables.py; evidence tokenizer_tables in the process record.",
+    remove_when="transformers' tokenizers stop keeping Python vocabulary/merges tables.",
+    upstream="none found",
+)
+
+_lock = threading.Lock()
+counts = {"tokenizers": 0, "vocab_entries": 0, "merges": 0}
+
+
+def record() -> dict[str, int]:
+    return dict(counts)
+
+
+def _has_tables(tokenizer) -> bool:
+    return (isinstance(getattr(tokenizer, "_vocab", None), dict)
+            and isinstance(getattr(tokenizer, "_merges", None), list)
+            and getattr(tokenizer, "_tokenizer", None) is not None)
+
+
+def drop_tables(tokenizer) -> bool:
+    """Set the Python vocabulary and merges of ``tokenizer`` to None; True if it had them."""
+    if not _has_tables(tokenizer):
+        return False
+    _wrap_save(type(tokenizer))
+    with _lock:
+        counts["tokenizers"] += 1
+        counts["vocab_entries"] += len(tokenizer._vocab)
+        counts["merges"] += len(tokenizer._merges)
+    tokenizer._vocab = None
+    tokenizer._merges = None
+    return True
+
+
+def restore_tables(tokenizer) -> None:
+    """Rebuild dropped tables from the Rust backend's serialisation (what they were built into)."""
+    if tokenizer._vocab is not None and tokenizer._merges is not None:
+        return
+    model = json.loads(tokenizer._tokenizer.to_str())["model"]
+    tokenizer._vocab = dict(model.get("vocab", {}))
+    tokenizer._merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+
+
+def _wrap_save(cls) -> None:
+    for owner in cls.__mro__:  # the class that defines save_vocabulary
+        original = owner.__dict__.get("save_vocabulary")
+        if original is None:
+            continue
+        if getattr(original, MARKER, False):
+            return
+
+        def save_vocabulary(self, *args, _original=original, **kwargs):
+            if getattr(self, "_vocab", 0) is None or getattr(self, "_merges", 0) is None:
+                restore_tables(self)
+            return _original(self, *args, **kwargs)
+
+        setattr(save_vocabulary, MARKER, True)
+        save_vocabulary.__wrapped__ = original
+        setattr(owner, "save_vocabulary", save_vocabulary)
+        return
+
+
+def _wrap(module) -> None:
+    original = module.get_cached_tokenizer
+    if getattr(original, MARKER, False):
+        return
+
+    def get_cached_tokenizer(tokenizer, *args, **kwargs):
+        drop_tables(tokenizer)
+        return original(tokenizer, *args, **kwargs)
+
+    setattr(get_cached_tokenizer, MARKER, True)
+    get_cached_tokenizer.__wrapped__ = original
+    module.get_cached_tokenizer = get_cached_tokenizer
+
+
+def apply() -> str:
+    from vllm_omni_edge.levers import tokenizer_tables_dropped
+
+    if not tokenizer_tables_dropped():
+        return "VLLM_OMNI_EDGE_TOKENIZER_TABLES=keep: tokenizers keep their Python vocabulary and merges"
+    import transformers
+
+    if not transformers.__version__.startswith("5."):
+        return f"transformers {transformers.__version__}: tables kept (written for transformers 5)"
+    now = when_imported(TARGET_MODULE, _wrap)
+    return "tokenizers drop their Python vocabulary and merges" + ("" if now else " (on import)")
