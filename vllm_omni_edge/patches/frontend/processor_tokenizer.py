@@ -10,8 +10,8 @@ sub-tokenizers (``decoder_tokenizer``, ...) load as before.
 Why: vLLM caches every processor it builds (``cached_get_processor``) and builds some without
 a tokenizer: the one that finds a processor's dynamic kwargs, the chat template's. Each of those
 read the tokenizer files again and kept its copy: a Whisper server held three tokenizers besides
-vLLM's own, about 30 MiB each. Where vLLM does pass its tokenizer, transformers uses it but
-first loads another and drops it.
+vLLM's own. Where vLLM does pass its tokenizer, transformers uses it but first loads another and
+drops it.
 Flag: ``VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER=0`` keeps transformers' loading (the A/B arm).
 Verified by: tests/test_processor_tokenizer.py (a processor gets the tokenizer passed in; a
 second processor of the directory gets the first one's; other directories and sub-tokenizers

@@ -8,9 +8,9 @@ are set to None. Encoding and decoding read the Rust backend only; in transforme
 a class whose tables are a vocabulary dict and a merges list reads them after ``__init__`` except
 Whisper's ``save_vocabulary``. ``save_vocabulary`` is wrapped to rebuild them from the backend's
 own serialisation first, so a saved tokenizer writes the same files. Only with transformers 5.
-Why: the tables are a second copy of the vocabulary in Python objects, kept only for saving:
-about 40 MiB for Qwen2.5's 151k-token vocabulary, and vLLM holds two tokenizers (its own and the
-renderer pool's deep copy) per server.
+Why: the tables are a second copy of the vocabulary in Python objects, kept only for saving, and
+vLLM holds two tokenizers (its own and the renderer pool's deep copy) per server; for a large
+vocabulary such as Qwen2.5's they are a sizeable part of the server's heap.
 Flag: ``VLLM_OMNI_EDGE_TOKENIZER_TABLES=keep`` keeps them (the A/B arm); default ``drop``.
 Verified by: tests/test_tokenizer_tables.py (tables dropped, the same token ids and text, a
 deep copy carries none, ``save_pretrained`` writes the vocabulary and merges the tokenizer was
