@@ -241,3 +241,30 @@ def test_engine_core_thread_binding_leaves_the_reserved_cores():
     with pytest.raises(ValueError, match="leaves none of the 2 usable cores"):
         engine_thread_binding([0, 1], 2)
 
+
+
+def test_wrap_classmethod_once_wraps_a_classmethod_once_and_refuses_anything_else():
+    from vllm_omni_edge.patches.base import wrap_classmethod_once
+
+    class Owner:
+        @classmethod
+        def make(cls, x):
+            return (cls.__name__, x)
+
+        def plain(self):
+            return None
+
+    class Child(Owner):
+        pass
+
+    def double(original):
+        return lambda cls, x: original(cls, x * 2)
+
+    assert wrap_classmethod_once(Owner, "make", double)
+    assert not wrap_classmethod_once(Owner, "make", double)  # already wrapped: no second layer
+    assert Owner.make(1) == ("Owner", 2) and Child.make(3) == ("Child", 6)  # still a classmethod
+    assert Owner.__dict__["make"].__func__.__wrapped__(Owner, 1) == ("Owner", 1)
+    with pytest.raises(TypeError, match="Owner.plain is not a classmethod"):
+        wrap_classmethod_once(Owner, "plain", double)
+    with pytest.raises(TypeError, match="Child.make is not a classmethod defined on it"):
+        wrap_classmethod_once(Child, "make", double)

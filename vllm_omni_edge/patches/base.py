@@ -144,6 +144,24 @@ def outcomes() -> dict[str, PatchOutcome]:
     return dict(_OUTCOMES)
 
 
+def wrap_classmethod_once(owner, name: str, make_wrapper: Callable, marker: str = "__edge_wrapped__") -> bool:
+    """:func:`wrap_method_once` for a classmethod defined on ``owner``.
+
+    ``make_wrapper`` gets the plain function (``cls`` first) and returns one of the same shape;
+    the result is installed as a classmethod again. A ``name`` that is not a classmethod of
+    ``owner`` is a TypeError naming it.
+    """
+    original = owner.__dict__.get(name)
+    if not isinstance(original, classmethod):
+        raise TypeError(f"{owner.__name__}.{name} is not a classmethod defined on it")
+    if getattr(original.__func__, marker, False):
+        return False
+    wrapper = functools.wraps(original.__func__)(make_wrapper(original.__func__))
+    setattr(wrapper, marker, True)
+    setattr(owner, name, classmethod(wrapper))
+    return True
+
+
 def wrap_method_once(owner, name: str, make_wrapper: Callable, marker: str = "__edge_wrapped__") -> bool:
     """Replace ``owner.name`` with ``make_wrapper(original)`` unless already wrapped.
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 
-from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_classmethod_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "transformers.processing_utils"
@@ -70,60 +70,49 @@ def _note_vllm_tokenizer(path, revision, tokenizer) -> None:
 
 
 def _wrap_vllm(module) -> None:
-    holder = module.CachedHfTokenizer
-    original = holder.__dict__.get("from_pretrained")
-    if not isinstance(original, classmethod) or getattr(original.__func__, MARKER, False):
-        return
-    load = original.__func__
+    def make(load):
+        def from_pretrained(cls, path_or_repo_id, *args, revision=None, **kwargs):
+            tokenizer = load(cls, path_or_repo_id, *args, revision=revision, **kwargs)
+            if not args and not kwargs.get("subfolder"):
+                _note_vllm_tokenizer(path_or_repo_id, revision, tokenizer)
+            return tokenizer
 
-    def from_pretrained(cls, path_or_repo_id, *args, revision=None, **kwargs):
-        tokenizer = load(cls, path_or_repo_id, *args, revision=revision, **kwargs)
-        if not args and not kwargs.get("subfolder"):
-            _note_vllm_tokenizer(path_or_repo_id, revision, tokenizer)
-        return tokenizer
+        return from_pretrained
 
-    setattr(from_pretrained, MARKER, True)
-    from_pretrained.__wrapped__ = load
-    holder.from_pretrained = classmethod(from_pretrained)
+    wrap_classmethod_once(module.CachedHfTokenizer, "from_pretrained", make, MARKER)
 
 
 def _wrap(module) -> None:
-    mixin = module.ProcessorMixin
-    original = mixin.__dict__.get(METHOD)
-    if not isinstance(original, classmethod):
+    def make(load):
+        def _load_tokenizer_from_pretrained(cls, sub_processor_type, pretrained_model_name_or_path,
+                                            subfolder="", **kwargs):
+            if sub_processor_type != "tokenizer":
+                return load(cls, sub_processor_type, pretrained_model_name_or_path, subfolder, **kwargs)
+            from transformers import PreTrainedTokenizerBase
+
+            key = _key(pretrained_model_name_or_path, subfolder, kwargs.get("revision"))
+            given = kwargs.get("tokenizer")
+            with _lock:
+                if isinstance(given, PreTrainedTokenizerBase):
+                    _shared.setdefault(key, given)
+                    counts["passed_in"] += 1
+                    return given
+                if key in _shared:
+                    counts["reused"] += 1
+                    return _shared[key]
+            tokenizer = load(cls, sub_processor_type, pretrained_model_name_or_path, subfolder, **kwargs)
+            with _lock:
+                counts["loaded"] += 1
+                return _shared.setdefault(key, tokenizer)
+
+        return _load_tokenizer_from_pretrained
+
+    try:
+        wrap_classmethod_once(module.ProcessorMixin, METHOD, make, MARKER)
+    except TypeError as exc:
         from vllm_omni_edge.log import get_logger
 
-        get_logger("processor_tokenizer").warning(
-            "transformers' ProcessorMixin has no classmethod %s: processors load their own tokenizers", METHOD)
-        return
-    if getattr(original.__func__, MARKER, False):
-        return
-    load = original.__func__
-
-    def _load_tokenizer_from_pretrained(cls, sub_processor_type, pretrained_model_name_or_path,
-                                        subfolder="", **kwargs):
-        if sub_processor_type != "tokenizer":
-            return load(cls, sub_processor_type, pretrained_model_name_or_path, subfolder, **kwargs)
-        from transformers import PreTrainedTokenizerBase
-
-        key = _key(pretrained_model_name_or_path, subfolder, kwargs.get("revision"))
-        given = kwargs.get("tokenizer")
-        with _lock:
-            if isinstance(given, PreTrainedTokenizerBase):
-                _shared.setdefault(key, given)
-                counts["passed_in"] += 1
-                return given
-            if key in _shared:
-                counts["reused"] += 1
-                return _shared[key]
-        tokenizer = load(cls, sub_processor_type, pretrained_model_name_or_path, subfolder, **kwargs)
-        with _lock:
-            counts["loaded"] += 1
-            return _shared.setdefault(key, tokenizer)
-
-    setattr(_load_tokenizer_from_pretrained, MARKER, True)
-    _load_tokenizer_from_pretrained.__wrapped__ = load
-    setattr(mixin, METHOD, classmethod(_load_tokenizer_from_pretrained))
+        get_logger("processor_tokenizer").warning("%s: processors load their own tokenizers", exc)
 
 
 def apply() -> str:

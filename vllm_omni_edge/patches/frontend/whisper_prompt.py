@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_classmethod_once, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 WHISPER = "vllm.model_executor.models.whisper"
@@ -76,24 +76,21 @@ def apply() -> str:
 
 
 def _wrap_prompt(model_cls) -> None:
-    original = model_cls.get_generation_prompt.__func__
-    if getattr(original, "__edge_wrapped__", False):
-        return
+    def make(original):
+        def get_generation_prompt(cls, stt_params):
+            result = original(cls, dataclasses.replace(stt_params, request_prompt=""))
+            if stt_params.request_prompt:
+                from vllm.tokenizers import cached_tokenizer_from_config
 
-    def get_generation_prompt(cls, stt_params):
-        result = original(cls, dataclasses.replace(stt_params, request_prompt=""))
-        if stt_params.request_prompt:
-            from vllm.tokenizers import cached_tokenizer_from_config
+                model_config = stt_params.model_config
+                prefix = previous_text(stt_params.request_prompt, cached_tokenizer_from_config(model_config),
+                                       model_config.max_model_len // 2 - 1)
+                result["decoder_prompt"]["prompt"] = prefix + result["decoder_prompt"]["prompt"]
+            return result
 
-            model_config = stt_params.model_config
-            prefix = previous_text(stt_params.request_prompt, cached_tokenizer_from_config(model_config),
-                                   model_config.max_model_len // 2 - 1)
-            result["decoder_prompt"]["prompt"] = prefix + result["decoder_prompt"]["prompt"]
-        return result
+        return get_generation_prompt
 
-    get_generation_prompt.__edge_wrapped__ = True
-    get_generation_prompt.__wrapped__ = original
-    model_cls.get_generation_prompt = classmethod(get_generation_prompt)
+    wrap_classmethod_once(model_cls, "get_generation_prompt", make)
 
 
 def _wrap_segments(serving_cls) -> None:
