@@ -210,9 +210,6 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_IDLE_TRIM", "heap freed by requests returned to the OS with glibc's "
            "malloc_trim each time the engine goes idle (1); or left to glibc (0)", LEVER,
            ("patches/worker/idle_trim.py",)),
-    Number("VLLM_OMNI_EDGE_MALLOC_ARENAS", "glibc arenas a vLLM process's threads allocate from "
-           "(mallopt M_ARENA_MAX), 1 by default; 0 leaves glibc's default (eight per core)", LEVER,
-           ("patches/common/malloc_arenas.py",), fallback=1, integer=True, unit="arenas"),
     Switch("VLLM_OMNI_EDGE_CODE_PAGES", "clean code pages of the loaded libraries unmapped after "
            "warm-up, resident again as they run (1); or left mapped (0)", LEVER,
            ("patches/worker/startup_code_pages.py", "levers/code_pages.py")),

@@ -63,7 +63,6 @@ def write_process_record() -> Path | None:
             "tokenizer_pool": _tokenizer_pool(),
             "processor_tokenizers": _processor_tokenizers(),
             "tokenizer_tables": _tokenizer_tables(),
-            "malloc_arenas": _malloc_arenas(),
             "weights_check": _weights_check(),
         },
     )
@@ -88,12 +87,6 @@ def _processor_tokenizers() -> dict[str, int]:
     from vllm_omni_edge.patches.frontend import processor_tokenizer
 
     return processor_tokenizer.record()
-
-
-def _malloc_arenas() -> dict:
-    from vllm_omni_edge.patches.common import malloc_arenas
-
-    return malloc_arenas.record()
 
 
 def _tokenizer_tables() -> dict[str, int]:
@@ -240,8 +233,6 @@ def collect_worker_evidence(worker) -> dict:
         "processor_tokenizers": _processor_tokenizers(),
         # Tokenizers whose Python vocabulary/merges were dropped (patches/frontend/tokenizer_tables.py).
         "tokenizer_tables": _tokenizer_tables(),
-        # glibc's arena limit in this process (patches/common/malloc_arenas.py).
-        "malloc_arenas": _malloc_arenas(),
         "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the

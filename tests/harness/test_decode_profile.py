@@ -290,7 +290,7 @@ def test_cli_rejects_nonsense_settings(capsys):
 
 
 def test_layouts_set_the_documented_variables():
-    assert decode_profile.LAYOUTS["three"] == {}
+    assert decode_profile.LAYOUTS["three"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # LLM() is in-process unless asked
     assert decode_profile.LAYOUTS["inproc"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     assert isinstance(decode_profile.build_parser(), argparse.ArgumentParser)
 

@@ -68,13 +68,9 @@ def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
     def unexpected(arms):
         return [a.model_copy(update={"expect": {}}) for a in arms]
 
-    added = ("serve-cpu-int4", "serve-cpu-int4-glibc-arenas")
+    added = ("serve-cpu-int4",)
     assert unexpected(a for a in grid.arms if a.name not in added) == unexpected(base.arms)
     assert grid.arm("serve").expect["quantization"] is None and int4.expect["quantization"] == "cpu_int4"
-    # The lever's A/B arm: the same command with glibc's own arena per allocating thread.
-    glibc = grid.arm("serve-cpu-int4-glibc-arenas")
-    assert (glibc.model, glibc.env) == (int4.model, {"VLLM_OMNI_EDGE_MALLOC_ARENAS": "0"})
-    assert int4.expect["malloc_arenas.limit"] == 1 and glibc.expect["malloc_arenas.set"] is False
     assert int4.expect["processor_tokenizers.loaded"] == 0
 
 

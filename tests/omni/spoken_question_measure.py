@@ -3,7 +3,8 @@
     python -m tests.omni.spoken_question_measure --answer default --passes 3 --out DIR
 
 Each pass starts ``vllm-omni serve ROOT --omni`` (tests/omni/omni_server.py) on the pipeline
-root of whisper-base and the answer model's cpu_int4 checkpoint, sends one warm-up request
+root of whisper-base (its cpu_int4 build; ``--asr float``: the float checkpoint) and the answer
+model's cpu_int4 checkpoint, sends one warm-up request
 and then ``--requests`` measured ones (``tests/fixtures/speech/capital.wav`` as an
 ``input_audio`` part, ``return_stage_metrics``), then reads PSS over the server's whole
 process tree (psutil ``memory_full_info().pss``) with the pipeline idle. Processes are
@@ -120,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answer", default="default", choices=sorted(EMBEDDED_MODELS))
+    parser.add_argument("--asr", default="cpu_int4", choices=("cpu_int4", "float"),
+                        help="stage 0's Whisper: the cpu_int4 build (default) or the float checkpoint")
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    root = build_pipeline_dir(pull_model(WHISPER_BASE), pull_cpu_int4_model(EMBEDDED_MODELS[args.answer]))
+    asr = pull_cpu_int4_model(WHISPER_BASE) if args.asr == "cpu_int4" else pull_model(WHISPER_BASE)
+    root = build_pipeline_dir(asr, pull_cpu_int4_model(EMBEDDED_MODELS[args.answer]))
     passes = []
     for index in range(args.passes):
         record = one_pass(root, args.out / f"serve-{index}.log", args.requests, args.settle_s)
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"pass": index, **record["median"], "ready_s": record["ready_s"],
                           "tree_pss_mib": record["memory"]["tree"]["pss_mib"],
                           "answer": record["requests"][0]["answer"]}), flush=True)
-    artifact = {"answer_model": args.answer, "root": str(root), "passes": passes, "summary": summarise(passes)}
+    artifact = {"answer_model": args.answer, "asr": args.asr, "root": str(root), "passes": passes, "summary": summarise(passes)}
     (args.out / "spoken_question.json").write_text(json.dumps(artifact, indent=2) + "\n")
     print(json.dumps(artifact["summary"], indent=2))
     return 0

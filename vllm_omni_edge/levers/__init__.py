@@ -26,7 +26,6 @@ INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
 IDLE_TRIM_ENV = "VLLM_OMNI_EDGE_IDLE_TRIM"
-MALLOC_ARENAS_ENV = "VLLM_OMNI_EDGE_MALLOC_ARENAS"
 CODE_PAGES_ENV = "VLLM_OMNI_EDGE_CODE_PAGES"
 CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
@@ -147,11 +146,6 @@ def heap_trim_enabled() -> bool:
 
 def idle_trim_enabled() -> bool:
     return envs.get(IDLE_TRIM_ENV)
-
-
-def malloc_arena_limit() -> int:
-    """The glibc arena limit for a vLLM process; 0: glibc's own."""
-    return int(envs.get(MALLOC_ARENAS_ENV))
 
 
 def code_pages_drop_enabled() -> bool:

@@ -7,7 +7,6 @@ a finder to ``sys.meta_path`` (no heavy import) and acts when its module is impo
 - ``torchvision_native_ops``: schemas torchvision's fake registrations need;
 - ``lazy_imports``: media, solver and client packages deferred to first use, triton hidden
   on a CPU-only torch (``VLLM_OMNI_EDGE_LAZY_IMPORTS=0`` turns it off);
-- ``malloc_arenas``: the glibc arena limit, set just before ``vllm``'s body runs;
 - ``omni_plugin_by_model``: ``LLM()`` loads vLLM-Omni's general plugin only for its own
   architectures (vLLM loads the plugins before ours could install it).
 """
@@ -16,10 +15,9 @@ from __future__ import annotations
 
 
 def install_interpreter_hooks() -> None:
-    from vllm_omni_edge.patches.common import lazy_imports, malloc_arenas, torchvision_native_ops
+    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops
     from vllm_omni_edge.patches.frontend import omni_plugin_by_model
 
     lazy_imports.install()
-    malloc_arenas.install()
     torchvision_native_ops.install()
     omni_plugin_by_model.apply()

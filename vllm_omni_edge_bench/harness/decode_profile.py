@@ -60,8 +60,9 @@ from vllm_omni_edge_bench.harness.stack_categories import (
 )
 
 LAYOUTS: dict[str, dict[str, str]] = {
-    # vLLM's default: front end, engine core, worker (model), 1 core reserved.
-    "three": {},
+    # vLLM's own layout: front end, engine core, worker (model), 1 core reserved. LLM() takes it
+    # only when asked (patches/frontend/llm_in_process.py), here by vLLM's own variable.
+    "three": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     # Everything in the calling process (InprocClient + UniProcExecutor).
     "inproc": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
 }
@@ -565,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint dir or embedded model name, NAME[:cpu_int4] [default:cpu_int4]")
     parser.add_argument("--quantization", default=None, help="LLM(quantization=...), e.g. cpu_int4 to quantize at load")
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default="three",
-                        help="process layout: three (vLLM default), inproc (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+                        help="process layout: three (vLLM's, VLLM_ENABLE_V1_MULTIPROCESSING=1), inproc (=0)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the vLLM run (repeatable), e.g. VLLM_CPU_NUM_OF_RESERVED_CPU=0")
     parser.add_argument("--llm-kwargs", default=None,
