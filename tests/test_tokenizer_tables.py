@@ -26,7 +26,8 @@ def _bpe_tokenizer(cls_name="Qwen2Tokenizer"):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(patch, "counts", {"tokenizers": 0, "vocab_entries": 0, "merges": 0})
+    monkeypatch.setattr(patch, "counts", {"tokenizers": 0, "vocab_entries": 0, "merges": 0, "vocabs_shared": 0})
+    monkeypatch.setattr(patch, "_vocab_owners", [])
 
 
 def test_tables_are_dropped_and_the_tokens_stay(fresh):
@@ -38,7 +39,7 @@ def test_tables_are_dropped_and_the_tokens_stay(fresh):
     assert tokenizer(TEXT)["input_ids"] == before
     assert tokenizer.decode(before) == tokenizer.backend_tokenizer.decode(before)
     assert tokenizer.get_vocab()["low"] == vocab["low"]
-    assert patch.record() == {"tokenizers": 1, "vocab_entries": len(vocab), "merges": len(merges)}
+    assert patch.record() == {"tokenizers": 1, "vocab_entries": len(vocab), "merges": len(merges), "vocabs_shared": 0}
     assert not patch.drop_tables(tokenizer)  # nothing left to drop
     assert copy.deepcopy(tokenizer)._vocab is None  # the renderer pool's copies carry none
 
@@ -83,6 +84,59 @@ def test_vllms_cached_tokenizer_goes_through_the_drop(fresh):
     assert cached._vocab is None and tokenizer._vocab is None
     assert cached(TEXT)["input_ids"] == ids
     assert patch.record()["tokenizers"] == 1
+
+
+def _unwrapped_get_cached_tokenizer():
+    from vllm.tokenizers import hf
+
+    return getattr(hf.get_cached_tokenizer, "__wrapped__", hf.get_cached_tokenizer)
+
+
+def test_copies_of_a_cached_tokenizer_share_one_vocabulary_dict(fresh, monkeypatch):
+    from vllm.tokenizers import hf
+
+    monkeypatch.setattr(hf, "get_cached_tokenizer", _unwrapped_get_cached_tokenizer())
+    patch._wrap(hf)  # as the plugin does: copies rebuild through the module's function
+    tokenizer, vocab, _ = _bpe_tokenizer()
+    cached = hf.get_cached_tokenizer(tokenizer)
+    shallow, deep = copy.copy(cached), copy.deepcopy(cached)  # what the renderer and its pool make
+    assert shallow.get_vocab() is cached.get_vocab() and deep.get_vocab() is cached.get_vocab()
+    assert cached.get_vocab() == {**vocab, **{t: i for t, i in cached.get_added_vocab().items()}}
+    assert deep(TEXT)["input_ids"] == cached(TEXT)["input_ids"]
+    assert patch.record()["vocabs_shared"] == 2
+    # A tokenizer of another vocabulary keeps its own dict.
+    other, _, _ = _bpe_tokenizer()
+    other.add_tokens(["zzz"])
+    assert hf.get_cached_tokenizer(other).get_vocab() is not cached.get_vocab()
+    assert patch.record()["vocabs_shared"] == 2
+
+
+def test_without_the_patch_each_copy_builds_its_own_dict(fresh, monkeypatch):
+    from vllm.tokenizers import hf
+
+    monkeypatch.setattr(hf, "get_cached_tokenizer", _unwrapped_get_cached_tokenizer())
+    tokenizer, _, _ = _bpe_tokenizer()
+    cached = hf.get_cached_tokenizer(tokenizer)
+    assert copy.copy(cached).get_vocab() is not cached.get_vocab()  # the control for the test above
+
+
+def test_a_dead_tokenizer_does_not_keep_its_vocabulary(fresh, monkeypatch):
+    import gc
+    import weakref
+
+    from vllm.tokenizers import hf
+
+    monkeypatch.setattr(hf, "get_cached_tokenizer", _unwrapped_get_cached_tokenizer())
+    patch._wrap(hf)
+    tokenizer, _, _ = _bpe_tokenizer()
+    cached = hf.get_cached_tokenizer(tokenizer)
+    owner = weakref.ref(type(cached))
+    del cached, tokenizer
+    gc.collect()
+    assert owner() is None
+    second, _, _ = _bpe_tokenizer()
+    hf.get_cached_tokenizer(second)
+    assert patch.record()["vocabs_shared"] == 0 and len(patch._vocab_owners) == 1
 
 
 def test_the_flag_keeps_them(monkeypatch):

@@ -269,8 +269,12 @@ FLAGS: tuple[Flag, ...] = (
            "more only when threads use it at once (lazy); or renderer_num_workers + 1 up front (vllm)",
            LEVER, ("patches/frontend/tokenizer_pool.py",), ("lazy", "vllm"), "lazy"),
     Choice("VLLM_OMNI_EDGE_TOKENIZER_TABLES", "vLLM's tokenizers drop the Python copy of their vocabulary "
-           "and merges that transformers keeps only for saving (drop); or keep it (keep)", LEVER,
+           "and merges that transformers keeps only for saving, and its cached tokenizers share one "
+           "vocabulary dict (drop); or keep both, as vLLM does (keep)", LEVER,
            ("patches/frontend/tokenizer_tables.py",), ("drop", "keep"), "drop"),
+    Choice("VLLM_OMNI_EDGE_TOKENIZER_LOAD", "a tokenizer directory read once per process and options, "
+           "later loads answered with that tokenizer (once); or read at every load, as vLLM does (each)",
+           LEVER, ("patches/frontend/tokenizer_load_once.py",), ("once", "each"), "once"),
     Switch("VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER", "the Hugging Face processors vLLM builds share the "
            "tokenizer vLLM passes them (1); or each loads its own copy, as transformers does (0)", LEVER,
            ("patches/frontend/processor_tokenizer.py",)),

@@ -63,6 +63,7 @@ def write_process_record() -> Path | None:
             "tokenizer_pool": _tokenizer_pool(),
             "processor_tokenizers": _processor_tokenizers(),
             "tokenizer_tables": _tokenizer_tables(),
+            "tokenizer_loads": _tokenizer_loads(),
             "weights_check": _weights_check(),
         },
     )
@@ -87,6 +88,12 @@ def _processor_tokenizers() -> dict[str, int]:
     from vllm_omni_edge.patches.frontend import processor_tokenizer
 
     return processor_tokenizer.record()
+
+
+def _tokenizer_loads() -> dict[str, int]:
+    from vllm_omni_edge.patches.frontend import tokenizer_load_once
+
+    return tokenizer_load_once.record()
 
 
 def _tokenizer_tables() -> dict[str, int]:
@@ -233,6 +240,8 @@ def collect_worker_evidence(worker) -> dict:
         "processor_tokenizers": _processor_tokenizers(),
         # Tokenizers whose Python vocabulary/merges were dropped (patches/frontend/tokenizer_tables.py).
         "tokenizer_tables": _tokenizer_tables(),
+        # Tokenizer loads read from files or answered from memory (patches/frontend/tokenizer_load_once.py).
+        "tokenizer_loads": _tokenizer_loads(),
         "weights_check": _weights_check(),
         "torch_threads": torch.get_num_threads(),
         # vLLM binds one OpenMP thread per core through GOMP_CPU_AFFINITY; the

@@ -1,4 +1,4 @@
-"""vLLM's tokenizers drop the Python copy of their vocabulary and merges once the Rust tokenizer holds them.
+"""vLLM's tokenizers drop the Python copy of their vocabulary and merges, and share one cached vocabulary.
 
 What: wraps ``vllm.tokenizers.hf.get_cached_tokenizer`` (every Hugging Face tokenizer vLLM serves
 with passes through it, and the renderer pool's deep copies are rebuilt through it). Before vLLM
@@ -8,14 +8,22 @@ are set to None. Encoding and decoding read the Rust backend only; in transforme
 a class whose tables are a vocabulary dict and a merges list reads them after ``__init__`` except
 Whisper's ``save_vocabulary``. ``save_vocabulary`` is wrapped to rebuild them from the backend's
 own serialisation first, so a saved tokenizer writes the same files. Only with transformers 5.
+Second, the vocabulary dict vLLM's ``CachedTokenizer`` builds (``get_vocab()``, kept for the
+tokenizer's life) is shared: when a new one equals the dict of a cached tokenizer still alive in
+the process, the new tokenizer's ``get_vocab`` returns that dict and the new one is freed.
 Why: the tables are a second copy of the vocabulary in Python objects, kept only for saving, and
 vLLM holds two tokenizers (its own and the renderer pool's deep copy) per server; for a large
-vocabulary such as Qwen2.5's they are a sizeable part of the server's heap.
-Flag: ``VLLM_OMNI_EDGE_TOKENIZER_TABLES=keep`` keeps them (the A/B arm); default ``drop``.
+vocabulary such as Qwen2.5's they are a sizeable part of the server's heap. ``get_cached_tokenizer``
+runs again for every copy of a cached tokenizer (its ``__reduce__`` rebuilds it): the renderer's
+copy, the pool's shallow and deep copies each built their own dict of the same vocabulary.
+Flag: ``VLLM_OMNI_EDGE_TOKENIZER_TABLES=keep`` keeps them and every cached tokenizer's own
+vocabulary dict (the A/B arm); default ``drop``.
 Verified by: tests/test_tokenizer_tables.py (tables dropped, the same token ids and text, a
 deep copy carries none, ``save_pretrained`` writes the vocabulary and merges the tokenizer was
-built from, tokenizers without tables untouched, idempotent, the flag); evidence
-``tokenizer_tables`` (tokenizers and vocabulary entries dropped) in the process record.
+built from, tokenizers without tables untouched, idempotent, the flag; copies of a cached
+tokenizer share one vocabulary dict, a different vocabulary keeps its own); evidence
+``tokenizer_tables`` (tokenizers and vocabulary entries dropped, vocabularies shared) in the
+process record.
 Remove when: transformers' tokenizers stop keeping Python tables beside the Rust backend.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 
 from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
 from vllm_omni_edge.patches.import_hook import when_imported
@@ -36,14 +45,18 @@ RECORD = PatchRecord(
     target=f"{TARGET_MODULE}.get_cached_tokenizer; the tokenizer classes' save_vocabulary",
     process=Process.FRONTEND,  # tokenizers live where requests are rendered: LLM(), the API server
     why="transformers 5 BPE tokenizers keep a Python copy of vocabulary and merges beside the Rust "
-    "backend, only for save_vocabulary; vLLM holds two tokenizers per server.",
+    "backend, only for save_vocabulary; vLLM holds two tokenizers per server, and each copy of a "
+    "cached tokenizer builds its own vocabulary dict.",
     verified_by="tests/test_tokenizer_tables.py; evidence tokenizer_tables in the process record.",
     remove_when="transformers' tokenizers stop keeping Python vocabulary/merges tables.",
     upstream="none found",
 )
 
 _lock = threading.Lock()
-counts = {"tokenizers": 0, "vocab_entries": 0, "merges": 0}
+counts = {"tokenizers": 0, "vocab_entries": 0, "merges": 0, "vocabs_shared": 0}
+# The classes of cached tokenizers whose vocabulary dict others may share (weakly held: a
+# class dies with its last tokenizer, and its dict with it).
+_vocab_owners: list[weakref.ref] = []
 
 
 def record() -> dict[str, int]:
@@ -79,6 +92,33 @@ def restore_tables(tokenizer) -> None:
     tokenizer._merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
 
 
+def _vocab_cell(cached_cls):
+    """The closure cell of vLLM's ``CachedTokenizer.get_vocab`` that holds its dict, or None."""
+    get_vocab = cached_cls.__dict__.get("get_vocab")
+    cells = [c for c in (getattr(get_vocab, "__closure__", None) or ()) if isinstance(c.cell_contents, dict)]
+    return cells[0] if len(cells) == 1 else None
+
+
+def share_vocab(cached) -> bool:
+    """Point ``cached``'s ``get_vocab`` at an equal dict of a live cached tokenizer; True if it did."""
+    cell = _vocab_cell(type(cached))
+    if cell is None:
+        return False
+    vocab = cell.cell_contents
+    with _lock:
+        alive = [ref for ref in _vocab_owners if ref() is not None]
+        _vocab_owners[:] = alive
+        for ref in alive:
+            owner_cell = _vocab_cell(ref())
+            known = owner_cell.cell_contents if owner_cell is not None else None
+            if known is not None and known is not vocab and len(known) == len(vocab) and known == vocab:
+                cell.cell_contents = known
+                counts["vocabs_shared"] += 1
+                return True
+        _vocab_owners.append(weakref.ref(type(cached)))
+    return False
+
+
 def _wrap_save(cls) -> None:
     for owner in cls.__mro__:  # the class that defines save_vocabulary
         original = owner.__dict__.get("save_vocabulary")
@@ -105,7 +145,9 @@ def _wrap(module) -> None:
 
     def get_cached_tokenizer(tokenizer, *args, **kwargs):
         drop_tables(tokenizer)
-        return original(tokenizer, *args, **kwargs)
+        cached = original(tokenizer, *args, **kwargs)
+        share_vocab(cached)
+        return cached
 
     setattr(get_cached_tokenizer, MARKER, True)
     get_cached_tokenizer.__wrapped__ = original
@@ -122,4 +164,5 @@ def apply() -> str:
     if not transformers.__version__.startswith("5."):
         return f"transformers {transformers.__version__}: tables kept (written for transformers 5)"
     now = when_imported(TARGET_MODULE, _wrap)
-    return "tokenizers drop their Python vocabulary and merges" + ("" if now else " (on import)")
+    return ("tokenizers drop their Python vocabulary and merges; cached tokenizers share one vocabulary dict"
+            + ("" if now else " (on import)"))
