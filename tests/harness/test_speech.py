@@ -75,7 +75,7 @@ def test_committed_int4_grid_adds_the_cpu_int4_server_to_the_speech_grid():
     # The lever's A/B arm: the same command with every tokenizer load reading the files.
     each = grid.arm("serve-cpu-int4-tokenizer-each")
     assert (each.model, each.env) == (int4.model, {"VLLM_OMNI_EDGE_TOKENIZER_LOAD": "each"})
-    assert (int4.expect["tokenizer_loads.reused"], each.expect["tokenizer_loads.reused"]) == (2, 0)
+    assert each.expect["tokenizer_loads.reused"] == 0
 
 
 def test_a_speech_server_arm_may_switch_one_of_our_levers():
