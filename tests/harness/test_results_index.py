@@ -55,6 +55,20 @@ def test_runs_without_a_report_link_their_own_artifact_and_unknown_ones_are_refu
         results_index.describe(tmp_path / "mystery")
 
 
+def test_a_spoken_question_run_is_described_with_its_box(tmp_path):
+    source = PROJECT_ROOT / "results" / "2026-12-05-spoken-question-int4-epyc"
+    line = results_index.index_row(source, results_index.PAGE.parent)
+    assert "Whisper cpu_int4 -> default, 3 passes" in line and "| named in notes.md |" in line
+    assert f"[spoken_question.json](../../results/{source.name}/spoken_question.json)" in line
+    run = tmp_path / "run"
+    run.mkdir()
+    record = json.loads((source / "spoken_question.json").read_text())
+    record["provenance"] = {"cpu": {"physical_cores": 2, "model_name": "AMD EPYC",
+                                    "kernel_flags": {"avx512_vnni": True}}}
+    (run / "spoken_question.json").write_text(json.dumps(record))
+    assert results_index.describe(run)[1] == "2-core AMD EPYC, AVX-512 VNNI"
+
+
 def test_box_names_the_isa_that_routing_goes_by():
     flags = {"avx2": True, "avx512f": True, "avx512_vnni": True}
     cpu = {"physical_cores": 2, "model_name": "AMD EPYC", "kernel_flags": flags}

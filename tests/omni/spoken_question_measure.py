@@ -29,6 +29,7 @@ from statistics import median
 
 import httpx
 
+from vllm_omni_edge_bench.harness import provenance
 from vllm_omni_edge_bench.harness.omni_stages import attribute_stages
 from tests.omni.omni_server import OmniServer
 from tests.speech import wav
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    started = provenance.now_iso()
     asr = pull_cpu_int4_model(WHISPER_BASE) if args.asr == "cpu_int4" else pull_model(WHISPER_BASE)
     root = build_pipeline_dir(asr, pull_cpu_int4_model(EMBEDDED_MODELS[args.answer]))
     passes = []
@@ -138,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"pass": index, **record["median"], "ready_s": record["ready_s"],
                           "tree_pss_mib": record["memory"]["tree"]["pss_mib"],
                           "answer": record["requests"][0]["answer"]}), flush=True)
-    artifact = {"answer_model": args.answer, "asr": args.asr, "root": str(root), "passes": passes, "summary": summarise(passes)}
+    artifact = {"answer_model": args.answer, "asr": args.asr, "root": str(root), "passes": passes,
+                "summary": summarise(passes),
+                "provenance": {"started": started, "finished": provenance.now_iso(), "git": provenance.git_state(),
+                               "packages": provenance.package_versions(), "cpu": provenance.cpu_description(),
+                               "memory": provenance.memory_description(), "env": provenance.relevant_env()}}
     (args.out / "spoken_question.json").write_text(json.dumps(artifact, indent=2) + "\n")
     print(json.dumps(artifact["summary"], indent=2))
     return 0

@@ -127,8 +127,20 @@ def _gguf_requant(run: Path) -> tuple[str, dict | None] | None:
             f"{record['label']} ({len(record['results'])} file(s))", cpu or record.get("box"))
 
 
+def _spoken_question(run: Path) -> tuple[str, dict | str | None] | None:
+    if not (run / "spoken_question.json").is_file():
+        return None
+    record = _json(run / "spoken_question.json")
+    # Runs written before the measure recorded provenance name their box in notes.md.
+    where = record["provenance"].get("cpu") if "provenance" in record else "named in notes.md"
+    return (f"spoken question over vLLM-Omni (tests/omni/spoken_question_measure.py): Whisper "
+            f"{record.get('asr', 'float')} -> {record['answer_model']}, {len(record['passes'])} passes, "
+            f"per-stage PSS and latency", where)
+
+
 KINDS: tuple[Callable[[Path], tuple[str, Any] | None], ...] = (
-    _grid, _kernel_paths, _decode_profile, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant)
+    _grid, _kernel_paths, _decode_profile, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant,
+    _spoken_question)
 
 
 def describe(run: Path) -> tuple[str, str]:
