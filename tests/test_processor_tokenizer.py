@@ -50,17 +50,33 @@ def _processor(path, **kwargs):
     return get_processor(path, **kwargs)
 
 
+def _ours_in_chain(function) -> int:
+    """How many of the wrappers around ``function`` (``__wrapped__`` chain) this patch made.
+
+    Other patches may wrap the same method on top (tokenizer_load_once wraps ``from_pretrained``);
+    ``functools.wraps`` copies the marker onto their wrappers, so count this module's code.
+    """
+    count = 0
+    while function is not None:
+        count += function.__code__.co_filename == patch.__file__
+        function = getattr(function, "__wrapped__", None)
+    return count
+
+
 def test_the_patch_is_installed_once():
     import transformers.processing_utils as processing_utils
     from vllm.tokenizers import hf
+    from vllm_omni_edge.patches.frontend import tokenizer_load_once
 
-    patch._wrap(processing_utils)
-    patch._wrap_vllm(hf)
+    for _ in range(2):
+        patch._wrap(processing_utils)
+        patch._wrap_vllm(hf)
     method = processing_utils.ProcessorMixin.__dict__[patch.METHOD].__func__
-    assert getattr(method, patch.MARKER)
-    assert not getattr(method.__wrapped__, patch.MARKER, False)  # wrapped once, not twice
+    assert getattr(method, patch.MARKER) and _ours_in_chain(method) == 1
+    tokenizer_load_once._wrap(hf)  # another patch on the same classmethod, as the plugin stacks them
+    patch._wrap_vllm(hf)
     loader = hf.CachedHfTokenizer.__dict__["from_pretrained"].__func__
-    assert getattr(loader, patch.MARKER) and not getattr(loader.__wrapped__, patch.MARKER, False)
+    assert getattr(loader, patch.MARKER) and _ours_in_chain(loader) == 1
 
 
 def test_processors_of_one_directory_read_its_tokenizer_once(loads, tmp_path):
