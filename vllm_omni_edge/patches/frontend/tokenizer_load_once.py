@@ -9,7 +9,7 @@ files again. Loads with other options, positional arguments or a ``subfolder`` l
 Why: vLLM caches the tokenizer its renderer and processors use (``cached_get_tokenizer``), but
 some callers load their own with the uncached ``get_tokenizer``: the transcription and the
 translation endpoints of a speech server each read the tokenizer again at start and keep it
-(with Whisper's 51,865 tokens, a Rust tokenizer and vLLM's cached vocabulary each). vLLM's own
+(a Rust tokenizer and vLLM's cached vocabulary dict each). vLLM's own
 cache already hands one tokenizer object to many callers; this extends it to those loads. The
 renderer copies the tokenizer before it changes anything on it.
 Flag: ``VLLM_OMNI_EDGE_TOKENIZER_LOAD=each`` reads the files at every load, as vLLM does (the
