@@ -21,6 +21,22 @@ def default_model() -> Path:
 
 
 @pytest.fixture
+def tokenizer_file_reads(monkeypatch) -> list[str]:
+    """The paths transformers' ``AutoTokenizer.from_pretrained`` reads a tokenizer from, in order."""
+    from transformers import AutoTokenizer
+
+    reads: list[str] = []
+    original = AutoTokenizer.from_pretrained.__func__
+
+    def counted(cls, path, *args, **kwargs):
+        reads.append(str(path))
+        return original(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counted))
+    return reads
+
+
+@pytest.fixture
 def isolated_cache(tmp_path, monkeypatch) -> Path:
     """A private model cache, so a test can break it without touching the real one."""
     monkeypatch.setenv("VLLM_OMNI_EDGE_CACHE", str(tmp_path / "cache"))

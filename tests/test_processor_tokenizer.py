@@ -22,10 +22,9 @@ def _save_processor(path):
 
 
 @pytest.fixture
-def loads(monkeypatch):
+def loads(monkeypatch, tokenizer_file_reads):
     """The patch installed (twice: idempotent) on fresh state, with tokenizer file reads counted."""
     import transformers.processing_utils as processing_utils
-    from transformers import AutoTokenizer
     from vllm.tokenizers import hf
 
     monkeypatch.setattr(patch, "_shared", {})
@@ -33,15 +32,7 @@ def loads(monkeypatch):
     for _ in range(2):
         patch._wrap(processing_utils)
         patch._wrap_vllm(hf)
-    reads = []
-    original = AutoTokenizer.from_pretrained.__func__
-
-    def counted(cls, path, *args, **kwargs):
-        reads.append(str(path))
-        return original(cls, path, *args, **kwargs)
-
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counted))
-    return reads
+    return tokenizer_file_reads
 
 
 def _processor(path, **kwargs):

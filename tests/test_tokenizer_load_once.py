@@ -18,26 +18,16 @@ def _save_tokenizer(path):
 
 
 @pytest.fixture
-def reads(monkeypatch):
+def reads(monkeypatch, tokenizer_file_reads):
     """The patch installed (twice: idempotent) on fresh state, with tokenizer file reads counted."""
-    from transformers import AutoTokenizer
     from vllm.tokenizers import hf
 
     monkeypatch.setattr(patch, "_loaded", {})
     monkeypatch.setattr(patch, "counts", {"loaded": 0, "reused": 0})
-    original_method = hf.CachedHfTokenizer.__dict__["from_pretrained"]
+    monkeypatch.setattr(hf.CachedHfTokenizer, "from_pretrained", hf.CachedHfTokenizer.__dict__["from_pretrained"])
     for _ in range(2):
         patch._wrap(hf)
-    files = []
-    original = AutoTokenizer.from_pretrained.__func__
-
-    def counted(cls, path, *args, **kwargs):
-        files.append(str(path))
-        return original(cls, path, *args, **kwargs)
-
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", classmethod(counted))
-    yield files
-    setattr(hf.CachedHfTokenizer, "from_pretrained", original_method)
+    return tokenizer_file_reads
 
 
 def test_the_same_directory_and_options_give_the_same_tokenizer(reads, tmp_path):
@@ -62,8 +52,7 @@ def test_other_options_or_directories_load_anew(reads, tmp_path):
     assert reads == [a, a, b]
 
 
-def test_without_the_patch_every_load_reads_the_files(tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
+def test_without_the_patch_every_load_reads_the_files(tmp_path, monkeypatch, tokenizer_file_reads):
     from vllm.tokenizers import hf
     from vllm.tokenizers.registry import get_tokenizer
 
@@ -71,11 +60,7 @@ def test_without_the_patch_every_load_reads_the_files(tmp_path, monkeypatch):
     unwrapped = getattr(method.__func__, "__wrapped__", method.__func__)
     monkeypatch.setattr(hf.CachedHfTokenizer, "from_pretrained", classmethod(unwrapped))
     path = _save_tokenizer(tmp_path / "tok")
-    reads = []
-    original = AutoTokenizer.from_pretrained.__func__
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
-                        classmethod(lambda cls, p, *a, **k: reads.append(p) or original(cls, p, *a, **k)))
-    assert get_tokenizer(path) is not get_tokenizer(path) and len(reads) == 2  # the control
+    assert get_tokenizer(path) is not get_tokenizer(path) and len(tokenizer_file_reads) == 2  # the control
 
 
 def test_what_identifies_a_load():
