@@ -106,13 +106,16 @@ def share_vocab(cached) -> bool:
         return False
     vocab = cell.cell_contents
     with _lock:
-        alive = [ref for ref in _vocab_owners if ref() is not None]
-        _vocab_owners[:] = alive
-        for ref in alive:
-            owner_cell = _vocab_cell(ref())
-            known = owner_cell.cell_contents if owner_cell is not None else None
-            if known is not None and known is not vocab and len(known) == len(vocab) and known == vocab:
-                cell.cell_contents = known
+        owners = [(ref, ref()) for ref in _vocab_owners]  # each dereferenced once: GC may run between
+        _vocab_owners[:] = [ref for ref, owner in owners if owner is not None]
+        known = {}  # the distinct dicts the live owners hold, each compared once
+        for _, owner in owners:
+            owner_cell = _vocab_cell(owner) if owner is not None else None
+            if owner_cell is not None:
+                known.setdefault(id(owner_cell.cell_contents), owner_cell.cell_contents)
+        for other in known.values():
+            if other is not vocab and len(other) == len(vocab) and other == vocab:
+                cell.cell_contents = other
                 counts["vocabs_shared"] += 1
                 return True
         _vocab_owners.append(weakref.ref(type(cached)))
