@@ -198,3 +198,121 @@ def test_one_call_flag(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_ONE_CALL", "1")
     monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_CALLS", "0")  # one call needs the trimmed calls
     assert not attention_one_call_enabled()
+
+
+# The attention op's kernel: the one-call forward's work with each layer's constants kept.
+
+class _Recorder:
+    """Stands for vLLM's kernel of the op: records that the fallback ran."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+def _context(name, layer, metadata):
+    context = types.SimpleNamespace(no_compile_layers={name: layer}, attn_metadata={name: metadata})
+    return types.SimpleNamespace(_forward_context=context)
+
+
+@pytest.fixture
+def op_layer(backend, one_call, monkeypatch):
+    """A decoder layer on the one-call backend, as the op kernel finds it in the forward context."""
+    monkeypatch.setattr(backend.CPUAttentionBackend, "forward_includes_kv_cache_update", True)
+
+    def make(kv_cache, **impl_kw):
+        layer = _layer()
+        layer.impl, layer.kv_cache = _impl(one_call[0], **impl_kw), kv_cache
+        return layer
+
+    return make
+
+
+@pytest.mark.parametrize("padded_rows", [0, 3])
+def test_the_op_kernel_writes_and_attends_as_the_one_call_forward(op_layer, padded_rows):
+    name = "model.layers.0.self_attn.attn"
+    kv_cache, query, key, value, slot_mapping, metadata = _batch(13, padded_rows)
+    metadata.slot_mapping = slot_mapping[: metadata.num_actual_tokens]
+    expected_cache = kv_cache.clone()
+    expected = torch.zeros(query.shape[0], HEADS, HEAD, dtype=torch.bfloat16)
+    reference = op_layer(expected_cache)
+    reference.impl.forward(reference, query, key, value, expected_cache, metadata, output=expected)
+    layer, vllm_kernel = op_layer(kv_cache), _Recorder()
+    kernel = patch.make_op_kernel(vllm_kernel, _context(name, layer, metadata), lambda: False)
+    for _ in range(2):  # the second call reads the constants kept on the layer
+        kv_cache.copy_(_batch(13, padded_rows)[0])
+        output = torch.zeros_like(expected)
+        kernel(query, key, value, output, types.SimpleNamespace(value=name))
+        assert torch.equal(kv_cache, expected_cache) and torch.equal(output, expected)
+    assert vllm_kernel.calls == []
+    kept = layer.__dict__[patch._CALL_ATTR]
+    assert kept[0] is kv_cache and kept[1] is not None
+    layer.kv_cache = _batch(14)[0]  # vLLM re-allocated the cache: the constants are made again
+    kernel(query, key, value, torch.zeros_like(expected), name)
+    assert layer.__dict__[patch._CALL_ATTR][0] is layer.kv_cache
+
+
+def test_the_op_kernel_leaves_every_other_case_to_vllms_kernel(backend, op_layer):
+    name = "model.layers.0.self_attn.attn"
+    kv_cache, query, key, value, slot_mapping, metadata = _batch(15)
+    metadata.slot_mapping = slot_mapping
+    before = kv_cache.clone()
+    output = torch.zeros(query.shape[0], HEADS, HEAD, dtype=torch.bfloat16)
+    cases = {
+        "no metadata (warm-up)": (_context(name, op_layer(kv_cache), None), False, {}),
+        "output quantization": (_context(name, op_layer(kv_cache), metadata), False,
+                                {"output_scale": torch.ones(1)}),
+        "a KV transfer connector": (_context(name, op_layer(kv_cache), metadata), True, {}),
+        "encoder attention": (_context(name, op_layer(kv_cache, attn_type=backend.AttentionType.ENCODER_ONLY),
+                                       metadata), False, {}),
+        "an fp8 KV cache": (_context(name, op_layer(kv_cache), metadata), False, {}),
+        "no forward context": (types.SimpleNamespace(_forward_context=None), False, {}),
+        "speculative decoding's list of metadata": (types.SimpleNamespace(_forward_context=types.SimpleNamespace(
+            no_compile_layers={name: op_layer(kv_cache)}, attn_metadata=[{name: metadata}])), False, {}),
+    }
+    cases["an fp8 KV cache"][0]._forward_context.no_compile_layers[name].impl.kv_cache_dtype = "fp8"
+    for case, (context, transfer, kwargs) in cases.items():
+        vllm_kernel = _Recorder()
+        kernel = patch.make_op_kernel(vllm_kernel, context, lambda transfer=transfer: transfer)
+        kernel(query, key, value, output, name, **kwargs)
+        assert len(vllm_kernel.calls) == 1, case
+        assert vllm_kernel.calls[0][4] == name and vllm_kernel.calls[0][3] is output, case
+    assert torch.equal(kv_cache, before) and not output.any()
+
+
+def test_the_op_kernel_is_registered_once_over_vllms_and_removable(backend):
+    attention_module = pytest.importorskip(patch.OP_MODULE)
+    was_in_force = patch.op_kernel_in_force()
+    patch.remove_op_kernel()
+    recorder = _Recorder()
+    fake_module = types.SimpleNamespace(**{patch.OP_NAME: recorder})
+    q = torch.zeros(1, HEADS, HEAD, dtype=torch.bfloat16)
+    try:
+        assert patch.install_op_kernel(fake_module) is True
+        assert patch.install_op_kernel(fake_module) is False  # once
+        assert patch.op_kernel_in_force()
+        # No forward context: the op kernel hands the call to "vLLM's kernel" (the recorder here).
+        torch.ops.vllm.unified_attention_with_output(q, q, q, q.clone(), "layer")
+        assert len(recorder.calls) == 1
+        patch.remove_op_kernel()
+        assert not patch.op_kernel_in_force()
+        with pytest.raises(AssertionError, match="Forward context is not set"):  # vLLM's own kernel again
+            torch.ops.vllm.unified_attention_with_output(q, q, q, q.clone(), "layer")
+        assert len(recorder.calls) == 1
+    finally:
+        patch.remove_op_kernel()
+        if was_in_force:
+            patch.install_op_kernel(attention_module)
+
+
+def test_the_op_kernel_flag(monkeypatch):
+    from vllm_omni_edge.levers import attention_op_kernel_enabled
+
+    assert attention_op_kernel_enabled()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL", "0")
+    assert not attention_op_kernel_enabled()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL", "1")
+    monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_ONE_CALL", "0")  # the kernel writes KV: one call only
+    assert not attention_op_kernel_enabled()
