@@ -248,10 +248,6 @@ FLAGS: tuple[Flag, ...] = (
            "call, one custom op (1); or vLLM's separate update (0); only with "
            "VLLM_OMNI_EDGE_ATTENTION_CALLS=1",
            LEVER, ("patches/worker/cpu_attention_calls.py",)),
-    Switch("VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL", "the attention op's CPU kernel: one that reads the "
-           "forward context once and keeps each layer's constants (1); or vLLM's Python kernel (0); "
-           "only with VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=1",
-           LEVER, ("patches/worker/cpu_attention_calls.py",)),
     Switch("VLLM_OMNI_EDGE_EAGER_SAMPLER", "random sampling (temperature > 0) drawn eagerly (1); "
            "or vLLM's inductor-compiled draw (0)", LEVER, ("patches/worker/cpu_random_sample.py",)),
     # Start-up.

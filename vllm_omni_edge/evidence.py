@@ -229,8 +229,6 @@ def collect_worker_evidence(worker) -> dict:
         "attention_calls_trimmed": _attention_calls_trimmed(),
         # KV write inside the attention call: one custom op per layer, not two.
         "attention_one_call": _attention_one_call(),
-        # The attention op runs the kernel that keeps each layer's constants, over vLLM's.
-        "attention_op_kernel": _attention_op_kernel(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
         "fused_silu_mlps": _fused_silu_mlps(model),
         "compile_warmup_tokens": _compile_warmup_tokens(),
@@ -270,12 +268,6 @@ def _attention_one_call() -> bool:
     from vllm_omni_edge.patches.worker.cpu_attention_calls import one_call_in_force
 
     return one_call_in_force()
-
-
-def _attention_op_kernel() -> bool:
-    from vllm_omni_edge.patches.worker.cpu_attention_calls import op_kernel_in_force
-
-    return op_kernel_in_force()
 
 
 def _fused_silu_mlps(model) -> int:

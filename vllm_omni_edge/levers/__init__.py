@@ -34,7 +34,6 @@ EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
-ATTENTION_OP_KERNEL_ENV = "VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
@@ -106,11 +105,6 @@ def attention_calls_enabled() -> bool:
 def attention_one_call_enabled() -> bool:
     """The KV write moves into the attention call; only with the trimmed calls (ATTENTION_CALLS=1)."""
     return attention_calls_enabled() and envs.get(ATTENTION_ONE_CALL_ENV)
-
-
-def attention_op_kernel_enabled() -> bool:
-    """The attention op's lean CPU kernel; only where the KV write is in the attention call."""
-    return attention_one_call_enabled() and envs.get(ATTENTION_OP_KERNEL_ENV)
 
 
 def fused_mlp_enabled() -> bool:

@@ -22,27 +22,14 @@ end (``2026-12-01-cpp-wrapper-default``, 5 interleaved passes, one process, with
 wrapper, an experiment since removed):
 SmolLM2 decode 1.25x (1.19-1.37) with the trimmed calls, far more than these per-call
 costs add up to; the grid measures it, the profile does not explain all of it.
-The op's kernel (``VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL``, default on, with one call): vLLM
-registers ``vllm::unified_attention_with_output`` with a Python kernel that, per layer and step,
-passes two decorators (KV transfer, CUDA graph capture), looks the layer, its metadata, KV cache
-and slot mapping up in the forward context and calls the backend's ``forward``, which reads a
-dozen attributes before its two ``_C`` calls. A second CPU kernel for the op, registered over
-vLLM's through ``torch.library``, does the same work with the layer's constants (cache views,
-ISA, scales, window, soft cap, sinks) kept on the layer beside the KV tensor they came from. It
-takes only the plain case: decoder self-attention of this backend with the trimmed calls, a
-dict of metadata holding the layer's, no output quantization, KV cache dtype ``auto``, no KV
-transfer connector; anything else runs vLLM's kernel, which stays registered beneath.
 Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
-``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=0`` keeps the separate KV update op;
-``VLLM_OMNI_EDGE_ATTENTION_OP_KERNEL=0`` keeps vLLM's kernel for the op.
+``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=0`` keeps the separate KV update op.
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
 idempotent; one call: same cache and output as vLLM's two calls, padded and not, and the
-backend's flag set; the op kernel: same cache and output as vLLM's kernel through the op, its
-fallbacks, registered once and removable); decode A/B grids, named in the RECORD's ``verified_by``.
+backend's flag set); decode A/B grids, named in the RECORD's ``verified_by``.
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
-without the keyword wrappers, and its attention op's kernel keeps per-layer state (or the
-attention moves into the compiled graph).
+without the keyword wrappers (or the attention moves into the compiled graph).
 """
 
 from __future__ import annotations
@@ -56,7 +43,7 @@ RECORD = PatchRecord(
     name="cpu_attention_calls",
     kind=Kind.LEVER,
     target=f"{TARGET_MODULE}.CPUAttentionBackendImpl.do_kv_cache_update / .forward, "
-    "CPUAttentionBackend.forward_includes_kv_cache_update, the CPU kernel of vllm::unified_attention_with_output",
+    "CPUAttentionBackend.forward_includes_kv_cache_update",
     process=Process.WORKER,
     why="Per layer and step, vLLM's CPU attention remakes its KV cache views and calls its ops "
     "through keyword wrappers: Python work on the decode step's critical path.",
@@ -68,12 +55,6 @@ RECORD = PatchRecord(
 
 # On the layer: (the KV tensor the views were made from, key view, value view).
 _VIEWS_ATTR = "_edge_kv_cache_views"
-OP_MODULE = "vllm.model_executor.layers.attention.attention"
-OP_NAME = "unified_attention_with_output"
-# On the layer: (its KV tensor, the constants the op kernel passes, or None: vLLM's kernel).
-_CALL_ATTR = "_edge_attention_call"
-# The torch.library registration of the op kernel; dropping it restores vLLM's kernel.
-_op_library = None
 
 
 def kv_cache_views(layer, kv_cache):
@@ -144,94 +125,6 @@ def _make_forward(encoder_types, writes_kv: bool):
     return make
 
 
-def layer_call(layer):
-    """The constants one layer's attention passes, or None where vLLM's kernel must run."""
-    import sys
-
-    impl = getattr(layer, "impl", None)
-    kv_cache = getattr(layer, "kv_cache", None)
-    module = sys.modules.get(TARGET_MODULE)
-    if (module is None or impl is None or not getattr(type(impl).forward, "__edge_wrapped__", False)
-            or not getattr(module.CPUAttentionBackend, "forward_includes_kv_cache_update", False)
-            or impl.attn_type in (module.AttentionType.ENCODER_ONLY, module.AttentionType.ENCODER)
-            or impl.kv_cache_dtype != "auto" or getattr(kv_cache, "dim", None) is None or kv_cache.dim() != 4):
-        return None
-    key_cache, value_cache = kv_cache_views(layer, kv_cache)
-    return (key_cache, value_cache, impl.kv_sharing_target_layer_name is None, layer.isa,
-            layer._k_scale_float, layer._v_scale_float, impl.kv_cache_dtype, impl.scale,
-            impl.alibi_slopes, impl.sliding_window, impl.logits_soft_cap, impl.sinks)
-
-
-def make_op_kernel(original, forward_context, has_kv_transfer_group):
-    """A CPU kernel for vLLM's attention op: the trimmed forward's work with per-layer constants."""
-    import torch
-
-    attention = torch.ops._C.cpu_attention_with_kv_cache.default
-    reshape_and_cache = torch.ops._C.cpu_attn_reshape_and_cache.default
-
-    def unified_attention_with_output(query, key, value, output, layer_name, output_scale=None,
-                                      output_block_scale=None, kv_cache_dummy_dep=None):
-        context = forward_context._forward_context
-        name = layer_name if type(layer_name) is str else getattr(layer_name, "value", layer_name)
-        metadata = context.attn_metadata if context is not None else None
-        metadata = metadata.get(name) if type(metadata) is dict else None
-        call = None
-        if (metadata is not None and output_scale is None and output_block_scale is None
-                and not has_kv_transfer_group()):
-            layer = context.no_compile_layers[name]
-            kept = layer.__dict__.get(_CALL_ATTR)
-            if kept is None or kept[0] is not layer.kv_cache:
-                kept = (layer.kv_cache, layer_call(layer))
-                layer.__dict__[_CALL_ATTR] = kept
-            call = kept[1]
-        if call is None:
-            return original(query, key, value, output, layer_name, output_scale, output_block_scale,
-                            kv_cache_dummy_dep)
-        key_cache, value_cache, writes, isa, k_scale, v_scale, dtype, scale, alibi, window, softcap, sinks = call
-        tokens = metadata.num_actual_tokens
-        if writes and key is not None and value is not None:
-            slots = metadata.slot_mapping
-            rows = slots.shape[0]
-            reshape_and_cache(key if key.shape[0] == rows else key[:rows],
-                              value if value.shape[0] == rows else value[:rows],
-                              key_cache, value_cache, slots, isa, k_scale, v_scale, dtype)
-        attention(query if query.shape[0] == tokens else query[:tokens], key_cache, value_cache,
-                  output if output.shape[0] == tokens else output[:tokens],
-                  metadata.query_start_loc, metadata.seq_lens, scale, metadata.causal, alibi, window,
-                  metadata.block_table, softcap, metadata.scheduler_metadata, sinks, metadata.dynamic_causal,
-                  k_scale, v_scale, dtype)
-
-    unified_attention_with_output.__edge_op_kernel__ = True
-    return unified_attention_with_output
-
-
-def install_op_kernel(module) -> bool:
-    """Register the op kernel over vLLM's CPU kernel once; False if it is already there."""
-    global _op_library
-    import torch
-    from vllm import forward_context
-    from vllm.distributed.kv_transfer.kv_transfer_state import has_kv_transfer_group
-
-    if _op_library is not None:
-        return False
-    library = torch.library.Library("vllm", "IMPL")
-    library.impl(OP_NAME, make_op_kernel(getattr(module, OP_NAME), forward_context, has_kv_transfer_group), "CPU")
-    _op_library = library
-    return True
-
-
-def remove_op_kernel() -> None:
-    """vLLM's kernel for the op again (the registration beneath is uncovered)."""
-    global _op_library
-    if _op_library is not None:
-        _op_library._destroy()
-        _op_library = None
-
-
-def op_kernel_in_force() -> bool:
-    return _op_library is not None
-
-
 def in_force() -> bool:
     """Whether vLLM's CPU attention backend in this process runs the trimmed calls."""
     import sys
@@ -259,16 +152,11 @@ def _wrap(module, writes_kv: bool = False) -> None:
 
 
 def apply() -> str:
-    from vllm_omni_edge.levers import (attention_calls_enabled, attention_one_call_enabled,
-                                       attention_op_kernel_enabled)
+    from vllm_omni_edge.levers import attention_calls_enabled, attention_one_call_enabled
 
     if not attention_calls_enabled():
         return "vLLM's CPU attention calls kept (flag)"
     writes_kv = attention_one_call_enabled()
     now = when_imported(TARGET_MODULE, lambda module: _wrap(module, writes_kv))
-    kernel = attention_op_kernel_enabled()
-    if kernel:
-        when_imported(OP_MODULE, install_op_kernel)
     return ("CPU attention calls trimmed" + (", KV written in the attention call" if writes_kv else "")
-            + (", the attention op's kernel kept per layer" if kernel else "")
             + ("" if now else " (on import)"))
