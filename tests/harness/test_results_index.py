@@ -85,3 +85,12 @@ def test_cli_check_fails_on_a_stale_page(tmp_path, capsys):
     stale.write_text("# Results\n")
     assert main(["results-index", "--check", str(stale)]) == 1
     assert "stale" in capsys.readouterr().out
+
+
+def test_a_decode_decomposition_is_described_with_its_command_and_box():
+    source = PROJECT_ROOT / "results" / "2026-12-05-decode-decompose-smollm2-epyc"
+    line = results_index.index_row(source, results_index.PAGE.parent)
+    assert ("decode step split by stubbing ops (an observation): SmolLM2-135M-Instruct-cpu_int4, "
+            "`LLM(max_model_len=512)`, 5 rounds") in line
+    assert "| 2-core AMD EPYC, AVX-512 VNNI |" in line
+    assert f"[decode_decompose.md](../../results/{source.name}/decode_decompose.md)" in line
