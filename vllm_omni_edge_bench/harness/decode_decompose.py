@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections import Counter
@@ -42,8 +41,10 @@ from typing import Any, Callable
 
 from vllm_omni_edge_bench.harness import provenance
 from vllm_omni_edge_bench.harness.runner import RESULTS_ROOT
+from vllm_omni_edge_bench.harness.stats import spread
 
 ATTENTION_OP = ("vllm", "unified_attention_with_output")
+ATTENTION_KEY = "::".join(ATTENTION_OP)
 
 
 def _rows_by(index: int) -> Callable[..., tuple[int, int]]:
@@ -84,8 +85,10 @@ class Stubs:
                 continue  # not registered on this CPU (its kernel library is not built here)
             key = f"{namespace}::{name}"
             self._packets[key], self.real[key] = packet, overload
-            self.fake[key] = self._attention_stub(key) if (namespace, name) == ATTENTION_OP \
+            self.fake[key] = self._attention_stub(key) if key == ATTENTION_KEY \
                 else self._linear_stub(key, LINEAR_OPS[(namespace, name)])
+        self._attention = [key for key in self.real if key == ATTENTION_KEY]
+        self._linears = [key for key in self.real if key != ATTENTION_KEY]
 
     def _attention_stub(self, key: str):
         def stub(*args, **kwargs):
@@ -107,8 +110,7 @@ class Stubs:
 
     def groups(self, arm: str) -> list[list[str]]:
         """The op groups an arm stubs: each must see calls (a CPU's linears use one of the ops)."""
-        attention = [k for k in self.real if k == "::".join(ATTENTION_OP)]
-        linears = [k for k in self.real if k != "::".join(ATTENTION_OP)]
+        attention, linears = self._attention, self._linears
         return {"real": [], "attention-stubbed": [attention], "linears-stubbed": [linears],
                 "both-stubbed": [attention, linears]}[arm]
 
@@ -143,10 +145,6 @@ def derive(medians: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
-def _median(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def run(model: str, llm_kwargs: dict[str, Any], rounds: int, gen_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.v1.engine.core import EngineCore
@@ -176,7 +174,7 @@ def run(model: str, llm_kwargs: dict[str, Any], rounds: int, gen_tokens: int) ->
     params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True, temperature=0)
     reference = list(llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
     stubs = Stubs()
-    if "::".join(ATTENTION_OP) not in stubs.real or len(stubs.real) < 2:
+    if ATTENTION_KEY not in stubs.real or len(stubs.real) < 2:
         raise DecomposeError(f"ops to stub not found: have {sorted(stubs.real)}")
     samples: dict[str, list[dict[str, float]]] = {arm: [] for arm in ARMS}
     calls: dict[str, dict[str, int]] = {}
@@ -204,7 +202,7 @@ def run(model: str, llm_kwargs: dict[str, Any], rounds: int, gen_tokens: int) ->
     finally:
         stubs.restore()
         core.step_fn = step_fn
-    arms = {arm: {key: _median([s[key] for s in samples[arm]]) for key in samples[arm][0]} for arm in ARMS}
+    arms = {arm: {key: spread([s[key] for s in samples[arm]]) for key in samples[arm][0]} for arm in ARMS}
     medians = {arm: {key: value["median"] for key, value in figures.items()} for arm, figures in arms.items()}
     return {"model": model, "llm_kwargs": llm_kwargs, "rounds": rounds, "gen_tokens": gen_tokens,
             "stub_calls_per_step": calls, "arms": arms, "samples": samples, "parts_ms": derive(medians)}
