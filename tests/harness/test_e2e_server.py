@@ -4,11 +4,12 @@ Six server starts (~1-2 min each on a quiet 2-core box, 5+ under load); run with
 """
 
 import json
+import os
 
 import pytest
 import yaml
 
-from vllm_omni_edge_bench.harness import cli
+from vllm_omni_edge_bench.harness import cli, thread_cpu
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -65,6 +66,11 @@ def test_server_grid_end_to_end(tmp_path, default_model):
         assert all(0 <= v <= 1 for v in figures["agent[3] score"]["values"])
         # The model lives in the server's worker, not in the client that drives it.
         assert figures["worker PSS steady"]["min"] > 192 << 20
+        # vLLM's layout: the decode's CPU is in the engine and worker processes, and in the
+        # client reading the stream; the shares cannot exceed the box's cores.
+        split = {role: figures[f"tg16 CPU, {role}"]["values"] for role in thread_cpu.ROLES}
+        assert min(split["server other processes"]) > 0 and min(split["client"]) > 0
+        assert all(sum(v) <= 100 * (os.cpu_count() or 1) * 1.05 for v in zip(*split.values()))
     assert summary["arms"]["srv-b"][f"{SERVER} output"]["ratio_vs_control"]["median"] > 0
 
     record = json.loads((out / "passes" / "01-srv-b.json").read_text())

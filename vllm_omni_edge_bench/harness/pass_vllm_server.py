@@ -49,6 +49,9 @@ ENGINE_INIT_SOURCE = ("server log: vLLM's 'init engine (profile, create kv cache
 STREAM_FIRST_TOKEN = "stream: request sent to first streamed token (HTTP, tokenisation, queueing, prefill)"
 STREAM_DECODE = "stream: (n-1) / (last streamed token - first streamed token), one request"
 STREAM_PREFILL = "stream: prompt tokens / time to first streamed token, one request with max_tokens=1"
+CPU_SPLIT_SOURCE = ("psutil: CPU time of the server tree's threads by role, and this client's process_time, "
+                    "over the decode call (the client's set-up, the request, its stream to the last token), "
+                    "as a share of that wall time (harness/thread_cpu.py)")
 NO_CACHED_TOKENS = ("user_command: the server runs without --enable-prompt-tokens-details, so usage has no "
                     "cached_tokens and no request was checked for prefix-cache hits")
 
@@ -148,16 +151,23 @@ class ServerPass:
             gen = min(workload.get("gen_tokens", 1), WARMUP_GEN_TOKENS)
             requests.append(self.single(self.prompt(workload["prompt_tokens"]), gen, f"{label} warm-up"))
         if kind == "decode":
-            from vllm_omni_edge_bench.harness import server_load
+            from vllm_omni_edge_bench.harness import server_load, thread_cpu
 
             n_gen = workload["gen_tokens"]
-            full = self.single(self.prompt(workload["prompt_tokens"]), n_gen, f"{label} decode")
+            prompt = self.prompt(workload["prompt_tokens"])
+            cpu_before = thread_cpu.snapshot(self.server.proc.pid)
+            full = self.single(prompt, n_gen, f"{label} decode")
+            cpu = thread_cpu.split(cpu_before, thread_cpu.snapshot(self.server.proc.pid))
             requests.append(full)
+            result["cpu_split"] = cpu
             decode_s = sum(full["token_gaps_s"])
             if (bunched := server_load.bunched_stream_problem(full["token_gaps_s"], f"{label} decode")):
                 self.problems.append(bunched)
             if full["status"] == "completed" and decode_s > 0:
                 figures[label] = _figure((full["streamed_tokens"] - 1) / decode_s, "tok/s", "higher", STREAM_DECODE)
+                for role in thread_cpu.ROLES:
+                    figures[f"{label} CPU, {role}"] = _figure(
+                        100 * cpu["share_of_wall"][role], "% of wall", "lower", CPU_SPLIT_SOURCE)
         elif kind in ("prefill", "ttft"):
             one = self.single(self.prompt(workload["prompt_tokens"]), 1, label)
             requests.append(one)
