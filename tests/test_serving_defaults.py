@@ -43,3 +43,18 @@ def test_no_readable_config_adds_no_length(tmp_path):
     (tmp_path / "model.gguf").write_bytes(b"GGUF")
     args, _ = with_serving_defaults([str(tmp_path / "model.gguf")], str(tmp_path / "model.gguf"))
     assert "--max-model-len" not in args and "--max-num-seqs" in args
+
+
+def test_streamed_chunks_are_paced_unless_the_user_sets_an_interval(tmp_path, monkeypatch):
+    from vllm_omni_edge.cli.serving_defaults import serving_defaults
+    from vllm_omni_edge.levers import STREAM_CHUNK_ENV, stream_chunk_s
+
+    monkeypatch.delenv(STREAM_CHUNK_ENV, raising=False)
+    model = checkpoint(tmp_path, max_position_embeddings=2048)
+    _, line = with_serving_defaults([model], model)
+    assert "streamed chunks at least 25 ms apart" in line
+    args, line = serving_defaults([model, "--stream-interval", "4"], "vllm serve")
+    assert "stream interval yours" in line and args[1:3] == ["--stream-interval", "4"]
+    assert stream_chunk_s() == 0  # the patch stands down in this server
+    monkeypatch.setenv(STREAM_CHUNK_ENV, "0")
+    assert "a streamed chunk per step" in with_serving_defaults([model], model)[1]

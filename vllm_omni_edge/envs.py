@@ -237,6 +237,11 @@ FLAGS: tuple[Flag, ...] = (
            "API server (1); or vLLM's three processes (0). Unset: 1, unless "
            "VLLM_ENABLE_V1_MULTIPROCESSING=1 or the configuration needs vLLM's layout", LEVER,
            ("patches/frontend/single_process.py", "cli/serve.py")),
+    Number("VLLM_OMNI_EDGE_STREAM_CHUNK_MS", "a streamed request's tokens are sent at most this often: "
+           "one that comes sooner after the last chunk goes with the next (the first and last go at "
+           "once); 0 sends every step's tokens, as vLLM does. Stands down for --stream-interval", LEVER,
+           ("patches/frontend/stream_chunk_time.py", "cli/serving_defaults.py"), fallback=25,
+           unit="milliseconds"),
     Number("VLLM_OMNI_EDGE_SHM_SPIN_S", "seconds a shared-memory queue reader spins after a read "
            "before it blocks (vLLM's own value is 1)", LEVER, ("patches/worker/shm_reader_wait.py",),
            unit="seconds"),

@@ -54,6 +54,14 @@ def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str]
         args += ["--max-num-seqs", str(EDGE_MAX_NUM_SEQS)]
         said.append(f"max_num_seqs {EDGE_MAX_NUM_SEQS}")
     said.append("KV cache " + ("yours" if has_option(args, "--kv-cache-memory-bytes") else "sized from need"))
+    if has_option(args, "--stream-interval"):
+        said.append("stream interval yours")
+    else:
+        from vllm_omni_edge.levers import stream_chunk_s
+
+        chunk_ms = stream_chunk_s() * 1000
+        said.append(f"streamed chunks at least {chunk_ms:g} ms apart" if chunk_ms > 0
+                    else "a streamed chunk per step")
     if has_option(args, "--enforce-eager"):
         said.append("eager")
     else:
@@ -79,6 +87,11 @@ def serving_defaults(args: list[str], program: str) -> tuple[list[str], str]:
     from vllm_omni_edge.levers import single_process_enabled
 
     args, line = with_serving_defaults(args, named_model(args))
+    if has_option(args, "--stream-interval"):
+        from vllm_omni_edge import envs
+        from vllm_omni_edge.levers import STREAM_CHUNK_ENV
+
+        envs.set_env(STREAM_CHUNK_ENV, 0)  # the user's token count, not our time bound
     layout = ("one process (--multi-process for vLLM's three)" if single_process_enabled()
               else "vLLM's three processes")
     return args, f"{program}: {line}; {layout}"

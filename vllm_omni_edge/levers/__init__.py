@@ -29,6 +29,7 @@ IDLE_TRIM_ENV = "VLLM_OMNI_EDGE_IDLE_TRIM"
 CODE_PAGES_ENV = "VLLM_OMNI_EDGE_CODE_PAGES"
 CHECKPOINT_READ_ENV = "VLLM_OMNI_EDGE_CHECKPOINT_READ"
 SHM_SPIN_ENV = "VLLM_OMNI_EDGE_SHM_SPIN_S"
+STREAM_CHUNK_ENV = "VLLM_OMNI_EDGE_STREAM_CHUNK_MS"
 COMPILE_WARMUP_ENV = "VLLM_OMNI_EDGE_COMPILE_WARMUP"
 EAGER_SAMPLER_ENV = "VLLM_OMNI_EDGE_EAGER_SAMPLER"
 ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
@@ -163,6 +164,11 @@ def checkpoint_read_mode() -> str:
 
 def shm_spin_seconds() -> float:
     return envs.get(SHM_SPIN_ENV)
+
+
+def stream_chunk_s() -> float:
+    """Seconds a streamed request's chunks are at least apart (0: every step's tokens, vLLM's)."""
+    return envs.get(STREAM_CHUNK_ENV) / 1000.0
 
 
 VLLM_MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"

@@ -21,6 +21,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.kv_default_exact",
     "vllm_omni_edge.patches.worker.kv_resident_as_used",
     "vllm_omni_edge.patches.frontend.single_process",
+    "vllm_omni_edge.patches.frontend.stream_chunk_time",
     "vllm_omni_edge.patches.frontend.llm_in_process",
     "vllm_omni_edge.patches.frontend.omni_plugin_by_model",
     "vllm_omni_edge.patches.frontend.engine_start_gc",
