@@ -14,11 +14,10 @@ since the last chunk, the last n logprobs), as vLLM does for ``--stream-interval
 far apart.
 Why: every chunk costs the API server's event loop (detokenized text, the SSE chunk, the
 write) and the client reading the stream; on a box whose cores the model's OpenMP team
-fills, that CPU is taken from the decode. Measured on the Zen 4 box (SmolLM2, one stream,
-serve-cpu-split-default): the loop took 5 % and the client 7 % of the wall time, and one
-chunk per four tokens decoded faster in four passes of five. vLLM's ``--stream-interval N``
-counts tokens, so at a slow model's 20 tokens a second its chunks would be visible; a time
-bound keeps every chunk of a slow model a single token.
+fills, that CPU is taken from the decode (the harness's served-decode CPU split measures it;
+docs/edge/what-changes.md names the runs). vLLM's ``--stream-interval N`` counts tokens, so
+at a slow model's twenty tokens a second its chunks would be visible; a time bound keeps
+every chunk of a slow model a single token.
 Flag: ``VLLM_OMNI_EDGE_STREAM_CHUNK_MS`` (default 25; 0 streams every step, vLLM's way).
 ``vllm serve --stream-interval N`` (any N) sets it to 0 (``cli/serving_defaults.py``).
 Verified by: tests/test_stream_chunk_time.py (a real OutputProcessor over a fake clock: held
