@@ -64,9 +64,9 @@ def record() -> dict[str, int]:
 
 def paced(state) -> bool:
     """Whether this request's chunks are paced by time (see the module docstring)."""
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind  # imported by then: the caller is vLLM's
 
-    return (chunk_s > 0 and state.stream_interval == 1 and state.output_kind == RequestOutputKind.DELTA
+    return (chunk_s > 0 and state.stream_interval == 1 and state.output_kind is RequestOutputKind.DELTA
             and state.detokenizer is not None and state.parent_req is None
             and not getattr(state, "streaming_input", False))
 
