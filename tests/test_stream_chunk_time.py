@@ -45,7 +45,7 @@ def paced(monkeypatch):
     return clock
 
 
-def _run(steps_ms: list[float], clock: Clock | None, *, kind="DELTA", stream_interval=1, n=1,
+def _run(steps_ms: list[float], clock: Clock | None, *, kind="DELTA", stream_interval=1,
          logprobs=None, tokens=None):
     """One request through an OutputProcessor, one token a step, ``steps_ms`` apart; the outputs."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -53,7 +53,7 @@ def _run(steps_ms: list[float], clock: Clock | None, *, kind="DELTA", stream_int
     from vllm.v1.engine.output_processor import OutputProcessor
 
     tokenizer = _tokenizer()
-    params = SamplingParams(max_tokens=len(steps_ms), output_kind=getattr(RequestOutputKind, kind), n=n,
+    params = SamplingParams(max_tokens=len(steps_ms), output_kind=getattr(RequestOutputKind, kind),
                             logprobs=logprobs, detokenize=True)
     processor = OutputProcessor(tokenizer, log_stats=False, stream_interval=stream_interval)
     request = EngineCoreRequest(request_id="r", prompt_token_ids=[1, 2], mm_features=None, sampling_params=params,
@@ -151,10 +151,10 @@ def test_an_abort_carries_the_held_tokens(paced):
     assert aborted.outputs[0].finish_reason == str(FinishReason.ABORT)
 
 
-@pytest.mark.parametrize("kind,stream_interval,n", [("CUMULATIVE", 1, 1), ("DELTA", 2, 1), ("FINAL_ONLY", 1, 1)])
-def test_other_requests_are_vllms(paced, kind, stream_interval, n):
+@pytest.mark.parametrize("kind,stream_interval", [("CUMULATIVE", 1), ("DELTA", 2), ("FINAL_ONLY", 1)])
+def test_other_requests_are_vllms(paced, kind, stream_interval):
     """Cumulative and final-only outputs, and a --stream-interval server, are left to vLLM."""
-    outputs, tokens = _run([10.0] * 6, paced, kind=kind, stream_interval=stream_interval, n=n)
+    outputs, tokens = _run([10.0] * 6, paced, kind=kind, stream_interval=stream_interval)
     assert patch.record() == {"chunks": 0, "held_steps": 0}
     if kind == "CUMULATIVE":
         assert len(outputs) == 6 and outputs[-1].outputs[0].token_ids == tokens
@@ -162,3 +162,20 @@ def test_other_requests_are_vllms(paced, kind, stream_interval, n):
         assert len(outputs) == 1
     else:
         assert [len(o.outputs[0].token_ids) for o in outputs] == [1, 2, 2, 1]
+
+
+def test_only_one_sequence_detokenized_delta_streams_are_paced(monkeypatch):
+    """n > 1 (a parent request), streaming input, no detokenizer, or a token interval: vLLM's."""
+    from types import SimpleNamespace
+
+    from vllm.sampling_params import RequestOutputKind
+
+    monkeypatch.setattr(patch, "chunk_s", 0.025)
+    plain = dict(stream_interval=1, output_kind=RequestOutputKind.DELTA, detokenizer=object(), parent_req=None,
+                 streaming_input=False)
+    assert patch.paced(SimpleNamespace(**plain))
+    for change in ({"parent_req": object()}, {"streaming_input": True}, {"detokenizer": None},
+                   {"stream_interval": 2}, {"output_kind": RequestOutputKind.CUMULATIVE}):
+        assert not patch.paced(SimpleNamespace(**{**plain, **change})), change
+    monkeypatch.setattr(patch, "chunk_s", 0.0)
+    assert not patch.paced(SimpleNamespace(**plain))
