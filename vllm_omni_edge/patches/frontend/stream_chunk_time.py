@@ -54,7 +54,7 @@ RECORD = PatchRecord(
 chunk_s: float = 0.0
 clock = time.monotonic  # tests put a fake clock here
 
-# Chunks sent and steps held in this process (evidence).
+# Chunks sent and steps held in this process (record(); the tests read it).
 counts = {"chunks": 0, "held_steps": 0}
 
 
@@ -105,7 +105,6 @@ def apply() -> str:
     chunk_s = stream_chunk_s()
     if chunk_s <= 0:
         return "VLLM_OMNI_EDGE_STREAM_CHUNK_MS=0: every step's tokens are streamed, as vLLM does"
-    # The module is imported by every front end that serves; importing it here costs nothing extra.
-    now = when_imported(TARGET_MODULE, _wrap)
+    now = when_imported(TARGET_MODULE, _wrap)  # wrapped when vLLM imports it, not imported here
     return (f"streamed chunks at least {chunk_s * 1000:g} ms apart (held tokens go with the next)"
             + ("" if now else " (on import)"))
