@@ -81,9 +81,10 @@ def wrap_make_request_output(original):
             counts["held_steps"] += 1
             return None  # these tokens go with the next chunk
         detokenizer = self.detokenizer
-        held = detokenizer.output_token_ids[self.sent_tokens_offset:]
-        if len(held) > len(new_token_ids):
-            new_token_ids = list(held)  # the held steps' tokens, then this step's
+        if detokenizer.num_output_tokens() - self.sent_tokens_offset > len(new_token_ids):
+            # The held steps' tokens, then this step's (sliced only then: the slow detokenizer's
+            # output_token_ids copies every token of the request).
+            new_token_ids = list(detokenizer.output_token_ids[self.sent_tokens_offset:])
         output = original(self, new_token_ids, pooling_output, finish_reason, stop_reason, *args, **kwargs)
         # vLLM keeps this offset only for --stream-interval; with one token a chunk it is ours.
         self.sent_tokens_offset = detokenizer.num_output_tokens()
