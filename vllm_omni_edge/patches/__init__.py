@@ -12,6 +12,7 @@ from vllm_omni_edge.patches.base import PatchOutcome, apply_patch_module, outcom
 # engine core, workers). Front-end patches shape the environment the children
 # inherit; worker patches must be redone in each spawned interpreter.
 PLUGIN_PATCHES: tuple[str, ...] = (
+    "vllm_omni_edge.patches.frontend.env_validation",
     "vllm_omni_edge.patches.frontend.reserved_cores",
     "vllm_omni_edge.patches.frontend.kv_budget",
     "vllm_omni_edge.patches.frontend.fp16_as_float32",
@@ -45,6 +46,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.idle_trim",
     "vllm_omni_edge.patches.worker.startup_code_pages",
     "vllm_omni_edge.patches.worker.shm_reader_wait",
+    "vllm_omni_edge.patches.worker.front_end_thread_count",
     "vllm_omni_edge.patches.common.torchaudio_fallback",
     "vllm_omni_edge.patches.common.torchvision_native_ops",
     "vllm_omni_edge.patches.common.lazy_imports",
