@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from vllm_omni_edge.models import default_model as dm
@@ -175,6 +176,9 @@ def test_a_cpu_int4_cache_built_with_an_older_default_format_is_rebuilt(tmp_path
     monkeypatch.setattr(dm, "cpu_int4_model_dir", lambda model: out)
     monkeypatch.setattr(dm, "model_dir", lambda model: source)
     monkeypatch.setattr(dm, "pull_model", lambda model, progress=None: source)
+    monkeypatch.setattr(dm, "grids_path", lambda model: tmp_path / "grids.safetensors")
+    monkeypatch.setattr(dm, "ensure_gguf", lambda model, progress=None: tmp_path / "no.gguf")
+    monkeypatch.setattr(dm, "write_gguf_grids", lambda gguf, out: None)  # a source with no 4-bit tensor
     said = []
     assert dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append) == out
     assert builder.built_formats(out) == ("int8", "int4")
@@ -184,3 +188,40 @@ def test_a_cpu_int4_cache_built_with_an_older_default_format_is_rebuilt(tmp_path
     said.clear()
     dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
     assert said == [] and (out / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_an_embedded_models_cpu_int4_build_keeps_its_ggufs_4bit_codes(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from tests.gguf_tiny import quantized_copy, write_tiny_gguf
+    from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf
+    from vllm_omni_edge.quantization import builder
+    from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest
+
+    # Q4_K: its codes are not a min-max grid (Q4_1 is: re-quantizing finds the same codes).
+    gguf = quantized_copy(write_tiny_gguf(tmp_path / "tiny.gguf", "llama"), "q4_k_m")
+    source = convert_gguf_to_hf(gguf, tmp_path / "bf16")
+    out = tmp_path / "built"
+    monkeypatch.setattr(dm, "cpu_int4_model_dir", lambda model: out)
+    monkeypatch.setattr(dm, "model_dir", lambda model: source)
+    monkeypatch.setattr(dm, "pull_model", lambda model, progress=None: source)
+    monkeypatch.setattr(dm, "ensure_gguf", lambda model, progress=None: gguf)
+    monkeypatch.setattr(dm, "grids_path", lambda model: tmp_path / "grids.safetensors")
+    # A cache built before: re-quantized from the bf16 conversion, no grid count in its manifest.
+    builder.build_cpu_int4_checkpoint(source, out, progress=False)
+    manifest = verify_manifest(out)
+    manifest.pop("gguf_grid_tensors")
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    before = load_file(str(out / "model.safetensors"))
+    said = []
+    dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
+    assert said[0] == "rebuilding: the builder now keeps the GGUF's 4-bit codes"
+    assert (tmp_path / "grids.safetensors").is_file()
+    grid_tensors = verify_manifest(out)["gguf_grid_tensors"]
+    assert grid_tensors > 0
+    after = load_file(str(out / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in after if k.endswith(".qweight"))
+    # Built so, it is kept.
+    said.clear()
+    dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
+    assert said == []

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.cache_paths import cache_root
-from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf
+from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf, write_gguf_grids
 
 
 @dataclass(frozen=True)
@@ -172,18 +172,33 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
 
     out = cpu_int4_model_dir(model)
     say = progress or (lambda _m: None)
+    from_gguf = isinstance(model, EmbeddedModel)
     if not force and (out / "config.json").is_file():
         try:
-            verify_manifest(out)
-            if built_formats(out) == default_build_formats(model_dir(model)):
+            manifest = verify_manifest(out) or {}
+            if built_formats(out) != default_build_formats(model_dir(model)):
+                say("rebuilding: the builder's default format for this model changed")
+            elif from_gguf and "gguf_grid_tensors" not in manifest:
+                say("rebuilding: the builder now keeps the GGUF's 4-bit codes")
+            else:
                 return out
-            say("rebuilding: the builder's default format for this model changed")
         except Exception:
             pass  # damaged: rebuild below
     source = pull_model(model, progress=progress)
+    grids = None
+    if from_gguf:
+        grids = grids_path(model)
+        if not grids.is_file():
+            say("reading the GGUF's 4-bit grids")
+            grids = write_gguf_grids(ensure_gguf(model, progress=progress), grids)
     say("quantizing to cpu_int4")
-    build_cpu_int4_checkpoint(source, out, progress=False, overwrite=True)
+    build_cpu_int4_checkpoint(source, out, progress=False, overwrite=True, grids=grids)
     return out
+
+
+def grids_path(model: EmbeddedModel) -> Path:
+    """Where the 4-bit grids of an embedded model's GGUF are kept (beside the GGUF)."""
+    return cache_root() / "gguf" / f"{Path(model.gguf_name).stem}.grids.safetensors"
 
 
 def default_model_dir() -> Path:

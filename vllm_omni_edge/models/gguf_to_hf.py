@@ -220,6 +220,51 @@ def _dequantize(tensor) -> np.ndarray:
     return data.reshape(shape)
 
 
+# 4-bit GGUF types whose blocks of 32 are a float-offset grid, w = q * scale + offset with q in
+# 0..15: cpu_int4's own format at group 32 (Q4_K: scale d * sc, offset -dmin * m per 32).
+GRID_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+GRID_BLOCK = 32
+
+
+def grid_of(tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """A 4-bit tensor's own grid: float32 (scale, offset) [rows, columns / 32], scales >= 0.
+
+    None for other types. The file's 4-bit codes lie on it: ``(w - offset) / scale`` is
+    their value 0..15 for every weight ``w`` of the GGUF's own dequantization.
+    """
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import Q4_K
+
+    qtype = T(tensor.tensor_type)
+    if qtype.name not in GRID_TYPES:
+        return None
+    rows, columns = (int(n) for n in reversed(tensor.shape.tolist()))
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1)
+
+    def half(blocks: np.ndarray, at: int) -> np.ndarray:
+        return np.ascontiguousarray(blocks[:, at:at + 2]).view(np.float16).astype(np.float32)
+
+    if qtype == T.Q4_0:  # 32 weights: d, 16 bytes; w = d * (q - 8)
+        blocks = raw.reshape(-1, 18)
+        scale = half(blocks, 0)
+        offset = -8.0 * scale
+    elif qtype == T.Q4_1:  # 32 weights: d, m, 16 bytes; w = d * q + m
+        blocks = raw.reshape(-1, 20)
+        scale, offset = half(blocks, 0), half(blocks, 2)
+    else:  # Q4_K, 256 weights: d, dmin, 12 bytes of 6-bit (sc, m) per 32, 128 bytes
+        blocks = raw.reshape(-1, 144)
+        sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+        scale = half(blocks, 0) * sc.astype(np.float32)
+        offset = -half(blocks, 2) * m.astype(np.float32)
+    scale = scale.reshape(rows, columns // GRID_BLOCK)
+    offset = offset.reshape(rows, columns // GRID_BLOCK)
+    # A negative scale (Q4_0's d takes the sign of the largest weight) is the same grid read from
+    # the other end: q' = 15 - q, scale' = -scale, offset' = offset + 15 * scale.
+    negative = scale < 0
+    offset = np.where(negative, offset + 15.0 * scale, offset)
+    return np.abs(scale), offset
+
+
 def unpermute_llama_qk(weight: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's ``LlamaModel.permute``: adjacent rotary pairs (2i, 2i+1) -> rotate-half (i, i+d/2)."""
     rows = weight.shape[0]
@@ -410,9 +455,14 @@ def _plan(reader, meta_values: dict[str, Any], gguf_path: Path) -> _Plan:
 # Tensors
 
 
-def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None] | None = None
+def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None] | None = None,
+                    grids: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
                     ) -> Iterator[tuple[str, np.ndarray]]:
-    """(Hugging Face name, float32 array) for every weight of the model, GGUF conventions undone."""
+    """(Hugging Face name, float32 array) for every weight of the model, GGUF conventions undone.
+
+    ``grids``, if given, receives each 4-bit weight's own grid (:func:`grid_of`) under its
+    Hugging Face name, its rows in the yielded order (tensors phi3 fuses get none).
+    """
     spec, cfg = plan.spec, plan.config
     arch = spec.gguf_arch
     hf_names = _HF_NAMES[arch]
@@ -430,10 +480,14 @@ def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None]
         if kind in _CONFIG_TENSORS.get(arch, ()):
             continue  # read into the config
         data = _dequantize(tensor)
+        grid = grid_of(tensor) if grids is not None and suffix == "weight" else None
         if spec.norm_shift and kind in _NORMS:
             data = data - spec.norm_shift
         if spec.permute_qk and kind in ("ATTN_Q", "ATTN_K"):
-            data = unpermute_llama_qk(data, plan.n_head if kind == "ATTN_Q" else plan.n_head_kv)
+            heads = plan.n_head if kind == "ATTN_Q" else plan.n_head_kv
+            data = unpermute_llama_qk(data, heads)
+            if grid is not None:
+                grid = tuple(unpermute_llama_qk(part, heads) for part in grid)
         if arch == "phi3" and kind in ("ATTN_Q", "ATTN_K", "ATTN_V", "FFN_GATE") or \
                 (arch == "phi3" and kind == "FFN_UP" and f"blk.{bid}.ffn_gate.{suffix}" in _names(reader)):
             pending[(bid, f"{kind}.{suffix}")] = data
@@ -447,6 +501,8 @@ def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None]
             raise UnsupportedCheckpointError(f"tensor {tensor.name!r} ({kind}) is not supported for {arch}")
         name = hf_names[kind].format(bid=bid) + "." + suffix
         seen.add(name)
+        if grid is not None:
+            grids[name] = grid
         yield name, data
     if pending:
         raise UnsupportedCheckpointError(f"incomplete fused tensors for phi3: {sorted(k[1] for k in pending)}")
@@ -593,8 +649,34 @@ def _generation_config(config, meta: dict[str, Any]):
 # The whole conversion
 
 
+def _save_grids(grids: dict[str, tuple[np.ndarray, np.ndarray]], out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    partial = out.with_name(f".{out.name}.partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({f"{name}.{part}": torch.from_numpy(np.ascontiguousarray(value))
+               for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial))
+    partial.replace(out)  # complete or absent
+
+
+def write_gguf_grids(gguf_path: Path, out: Path) -> Path | None:
+    """The 4-bit grids ``convert_gguf_to_hf(grids_out=out)`` writes, without the conversion
+    (for a checkpoint converted before); None, and nothing written, when the file has none."""
+    reader = _open_reader(Path(gguf_path))
+    plan = _plan(reader, _metadata(reader), Path(gguf_path))
+    grids: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for _ in iter_hf_tensors(reader, plan, grids=grids):
+        pass
+    if not grids:
+        return None
+    _save_grids(grids, Path(out))
+    return Path(out)
+
+
 def convert_gguf_to_hf(
-    gguf_path: Path, out_dir: Path, *, progress=None, manifest: dict | None = None
+    gguf_path: Path, out_dir: Path, *, progress=None, manifest: dict | None = None,
+    grids_out: Path | None = None,
 ) -> Path:
     """Write a bf16 safetensors checkpoint + config + tokenizer to ``out_dir``.
 
@@ -602,6 +684,9 @@ def convert_gguf_to_hf(
     optional callable taking a step description, used for the CLI progress bar.
     ``manifest``, if given, is written as ``edge-manifest.json`` inside the same
     atomic write, so a directory with a manifest is always complete.
+    ``grids_out``, if given, gets the 4-bit weights' own grids (:func:`grid_of`) as float32
+    ``<name>.scale`` / ``<name>.offset`` safetensors, outside the checkpoint (a loader would
+    take a file inside it for weights); it is not written when the file has no 4-bit weight.
     """
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -620,8 +705,12 @@ def convert_gguf_to_hf(
     tokenizer = _tokenizer(gguf_path, meta, reader)
 
     step("dequantizing GGUF to bf16")
+    grids: dict[str, tuple[np.ndarray, np.ndarray]] | None = {} if grids_out is not None else None
     state = {name: torch.from_numpy(np.array(value, dtype=np.float32, copy=True)).to(torch.bfloat16)
-             for name, value in iter_hf_tensors(reader, plan)}
+             for name, value in iter_hf_tensors(reader, plan, grids=grids)}
+    if grids:
+        _save_grids(grids, Path(grids_out))
+        del grids
     with atomic_directory(Path(out_dir)) as tmp:
         step("writing safetensors")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -75,6 +75,7 @@ from vllm_omni_edge.quantization.int4 import (
     format_version_for,
     group_size_for,
     quantize,
+    quantize_on_grid,
     quantize_rows_int8,
 )
 from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest, write_manifest
@@ -99,6 +100,8 @@ WHISPER_HEAD_PREFIX = WHISPER_HEAD.removesuffix(".weight")
 EMBEDDING = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
 OUTPUT_WEIGHTS = "model.safetensors"
+# Beside the bf16 conversion of a GGUF source (not inside it): its 4-bit weights' own grids.
+GGUF_GRIDS = "gguf-grids.safetensors"
 # Source files never copied: weights (rewritten), config (rewritten), manifests
 # that describe the source rather than the result.
 _NOT_COPIED_NAMES = {"config.json", "model.safetensors.index.json", "edge-manifest.json", MANIFEST_NAME}
@@ -144,6 +147,8 @@ class BuildReport:
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     source_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     written_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Tensors per class stored on their GGUF 4-bit grid (the file's codes kept), not re-quantized.
+    on_gguf_grid: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # Relative RMS error ||W - dequant(W)|| / ||W|| over all tensors of a class.
     _sq_err: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     _sq_ref: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -167,6 +172,11 @@ class BuildReport:
             f"{'total':<14} {sum(self.tensors.values()):>7} {sum(self.source_bytes.values()) / 2**20:>11.2f} "
             f"{sum(self.written_bytes.values()) / 2**20:>12.2f}"
         )
+        if self.on_gguf_grid:
+            lines.append(
+                f"{sum(self.on_gguf_grid.values())} 4-bit tensors stored on their GGUF grid (the file's Q4_0/Q4_1/Q4_K "
+                "codes, scale and offset rounded to bf16); the rest quantized from the file's dequantized weights"
+            )
         if self.group_size_fallbacks:
             by_size: dict[int, int] = defaultdict(int)
             for g in self.group_size_fallbacks.values():
@@ -187,8 +197,13 @@ def build_cpu_int4_checkpoint(
     zero_point: str = DEFAULT_ZERO_POINT,
     embedding: str | None = None,
     head: str | None = None,
+    grids: Path | str | None = None,
 ) -> BuildReport:
     """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``.
+
+    A ``.gguf`` source's 4-bit weights (Q4_0, Q4_1, Q4_K) keep the file's codes: they are stored
+    on their own grid, not re-quantized (group 32, float offsets). ``grids`` gives the same
+    for a directory converted from a GGUF (``gguf_to_hf.write_gguf_grids``).
 
     ``embedding="int4"`` writes format 3 (input embedding 4-bit), ``"bf16"`` format 2.
     ``head="bf16"`` leaves the output head unquantized; it needs ``embedding="bf16"``.
@@ -206,7 +221,11 @@ def build_cpu_int4_checkpoint(
         raise FileExistsError(f"{out} already exists (pass overwrite=True / --overwrite to replace it)")
     if out.resolve() == src.resolve() or src.resolve() in out.resolve().parents:
         raise ValueError(f"output {out} must not be the source or inside it")
+    if grids is not None and not Path(grids).expanduser().is_file():
+        raise FileNotFoundError(f"GGUF grids file not found: {grids}")
     if src.is_file():
+        if grids is not None:
+            raise ValueError("grids are read from a .gguf source itself; pass them only for a checkpoint directory")
         if src.suffix != ".gguf":
             raise UnsupportedCheckpointError(
                 f"{src} is a file but not a .gguf; pass a Hugging Face checkpoint directory or a GGUF file"
@@ -215,9 +234,12 @@ def build_cpu_int4_checkpoint(
         # Beside the output, not in /tmp: the bf16 copy can be large and /tmp may be RAM.
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.gguf-", dir=out.parent) as tmp:
             step = (lambda msg: logger.info("gguf: %s", msg)) if progress else None
-            hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step)
-            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding, head)
-    return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head)
+            grid_file = Path(tmp) / GGUF_GRIDS
+            hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step, grids_out=grid_file)
+            return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding, head,
+                                      grids=grid_file if grid_file.exists() else None)
+    return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head,
+                              grids=Path(grids).expanduser() if grids is not None else None)
 
 
 def gguf_ties_head(path: Path) -> bool:
@@ -373,7 +395,9 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
-                       zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD) -> BuildReport:
+                       zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD,
+                       grids: Path | None = None) -> BuildReport:
+    """``grids``: the source GGUF's 4-bit grids (``convert_gguf_to_hf(grids_out=...)``), if any."""
     config = _read_source_config(src)
     if config["model_type"] in ENCODER_DECODER_MODEL_TYPES:
         with contextlib.ExitStack() as stack:
@@ -389,8 +413,14 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
                     "4-bit of its own" if not tied else "tied to it")
         return report
     with contextlib.ExitStack() as stack:
+        grid_file = None
+        if grids is not None:
+            from safetensors import safe_open
+
+            grid_file = stack.enter_context(safe_open(str(grids), framework="pt"))
         report, written, quantized_prefixes = _quantize_tensors(
-            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head
+            src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head,
+            grid_file
         )
     if head == "bf16":
         tied = HEAD not in written  # the head is the stored embedding
@@ -408,8 +438,12 @@ def _quantize_tensors(
     zero_point: str = DEFAULT_ZERO_POINT,
     embedding: str = DEFAULT_EMBEDDING,
     head: str = DEFAULT_HEAD,
+    grids=None,
 ):
-    """All output tensors in memory, and the report of what was done to each class."""
+    """All output tensors in memory, and the report of what was done to each class.
+
+    ``grids``: an open safetensors file of GGUF 4-bit grids by source tensor name, or None.
+    """
     from tqdm import tqdm
 
     if HEAD in where:
@@ -427,17 +461,22 @@ def _quantize_tensors(
     written: dict[str, torch.Tensor] = {}
     quantized_prefixes: list[str] = []
 
-    def store_4bit(prefix: str, weight: torch.Tensor, row: str) -> None:
-        _store_4bit(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point)
+    grid_names = set(grids.keys()) if grids is not None else set()
+
+    def store_4bit(prefix: str, weight: torch.Tensor, row: str, source: str) -> None:
+        grid = None
+        if f"{source}.scale" in grid_names:
+            grid = grids.get_tensor(f"{source}.scale"), grids.get_tensor(f"{source}.offset")
+        _store_4bit(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point, grid)
 
     names = sorted(n for n in where if n != HEAD)
     for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
         tensor = where[name].get_tensor(name)
         if LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
-            store_4bit(name.removesuffix(".weight"), tensor, LINEAR_4BIT)
+            store_4bit(name.removesuffix(".weight"), tensor, LINEAR_4BIT, name)
             continue
         if name == EMBEDDING and embedding == "int4":
-            store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT)
+            store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT, name)
             continue
         if name == EMBEDDING and embedding == "int8":
             _store_int8_rows(report, written, EMBEDDING_PREFIX, tensor)
@@ -460,7 +499,7 @@ def _quantize_tensors(
             report.source_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
             report.written_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
     elif not tied_int4:
-        store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT)
+        store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT, head_source)
     if head_source == EMBEDDING and not tied_int4 and head != "bf16":
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
     if not report.tensors.get(LINEAR_4BIT):
@@ -471,11 +510,18 @@ def _quantize_tensors(
 
 
 def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
-                weight: torch.Tensor, row: str, group_size: int, zero_point: str) -> None:
+                weight: torch.Tensor, row: str, group_size: int, zero_point: str,
+                grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """``grid``: the weight's own GGUF 4-bit grid (scale, offset per 32), used when it is this
+    build's format (float offsets, groups of 32); the weight is then not re-quantized."""
     g = group_size_for(weight.shape[1], group_size, what=prefix)
     if g != group_size:
         report.group_size_fallbacks[prefix] = g
-    qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
+    if grid is not None and zero_point == "float" and g * grid[0].shape[-1] == weight.shape[1]:
+        qweight, scales, zeros = quantize_on_grid(weight, *grid, what=prefix)
+        report.on_gguf_grid[row] += 1
+    else:
+        qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
     ref = weight.float()
     report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
     report._sq_ref[row] += float(ref.square().sum())
@@ -616,6 +662,7 @@ def _write_checkpoint(
         elif encoder_decoder:
             info["head"] = "int4, tied to the token embedding (one copy)" if tied else "int4, its own proj_out"
         if report is not None:
+            info["gguf_grid_tensors"] = sum(report.on_gguf_grid.values())
             info["kept_unquantized"] = {row: n for row, n in sorted(report.tensors.items())
                                         if n and row not in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT,
                                                              EMBEDDING_INT8)}

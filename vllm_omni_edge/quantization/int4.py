@@ -188,6 +188,36 @@ def quantize(weight: torch.Tensor, group_size: int, what: str = "weight",
     return qweight, scales, zeros.to(torch.uint8)
 
 
+def quantize_on_grid(weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, what: str = "weight"):
+    """[N, K] weight onto a given float-offset grid -> the ``zero_point="float"`` triple.
+
+    ``scale`` and ``offset`` [N, G] (float32, scales >= 0) are a grid the weights already lie on,
+    such as a GGUF 4-bit tensor's own (``models.gguf_to_hf.grid_of``): each weight takes the
+    nearest of its group's 16 points after scale and offset are rounded to bf16, so the codes
+    are the file's and only that rounding changes the weights (a zero scale stores its group
+    as the offset, as ``quantize`` stores a constant group).
+    """
+    if weight.dim() != 2:
+        raise Int4FormatError(f"{what}: expected a 2-D [N, K] weight, got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if scale.shape != offset.shape or scale.dim() != 2 or scale.shape[0] != n or not scale.shape[1] \
+            or k % scale.shape[1]:
+        raise Int4FormatError(f"{what}: grid {tuple(scale.shape)} / {tuple(offset.shape)} does not fit the "
+                              f"weight {tuple(weight.shape)}")
+    group_size = k // scale.shape[1]
+    check_group_size(group_size)
+    if not (torch.isfinite(scale).all() and torch.isfinite(offset).all()) or (scale < 0).any():
+        raise Int4FormatError(f"{what}: the grid has negative, NaN or infinite scales or offsets")
+    scales = scale.to(SCALE_DTYPE)
+    offsets = offset.to(SCALE_DTYPE)
+    s = scales.float().unsqueeze(-1)
+    w = weight.detach().float().reshape(n, -1, group_size)
+    q = torch.round((w - offsets.float().unsqueeze(-1)) / torch.where(s == 0, 1.0, s)).clamp(0, _QMAX)
+    q = torch.where(s == 0, 0.0, q)
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    return pack_nibbles(q.reshape(n, k).to(torch.uint8)), scales, offsets
+
+
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 [N, K] -> uint8 [N, K/2], even k in the low nibble."""
     if q.shape[-1] % 2:
