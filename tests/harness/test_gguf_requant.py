@@ -150,7 +150,7 @@ def test_cli_refuses_a_missing_file(tmp_path, capsys):
 
 
 def test_measure_file_on_a_tiny_q4_k_m(tiny_q4_k_m, tmp_path):
-    variants = gr.parse_variants("int4,again,default,keep-promoted")
+    variants = gr.parse_variants("int4,again,default,keep-promoted,requantized")
     r = gr.measure_file(tiny_q4_k_m, tmp_path, variants, tokens=96, window=64, stride=32, llamacpp=False)
     rows = r["variants"]
     assert r["positions"] > 0 and r["promoted"]
@@ -165,5 +165,8 @@ def test_measure_file_on_a_tiny_q4_k_m(tiny_q4_k_m, tmp_path):
     # Putting back the reference's weights for some tensors costs bytes and changes what is scored.
     assert rows["keep-promoted"]["weights_bytes"] > rows["int4"]["weights_bytes"]
     assert rows["keep-promoted"]["kld_mean"] != rows["int4"]["kld_mean"]
+    # The same formats with the file's Q4_K weights re-quantized instead of kept on their grid: worse.
+    assert rows["requantized"]["weights_bytes"] == rows["int4"]["weights_bytes"]
+    assert rows["requantized"]["kld_mean"] > rows["int4"]["kld_mean"]
     report = gr.render_report("tiny", [r], "test box", "cmd")
     assert "| keep-promoted |" in report and "test box" in report

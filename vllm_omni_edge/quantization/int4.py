@@ -7,9 +7,9 @@ Asymmetric per-group uint4, with one of two zero-point conventions:
 
       w[n, k] ~= q[n, k] * scale[n, k // g] + offset[n, k // g],   q in 0..15
 
-  Each group's 16 levels span exactly [min, max]. Weights that came from a Q4_1
-  or Q4_K GGUF lie on such a grid already, so with group 32 (their block) they
-  are re-stored almost exactly (bf16 rounding of scale and offset only).
+  Each group's 16 levels span exactly [min, max]. A GGUF's Q4_0 / Q4_1 / Q4_K
+  blocks of 32 are float-offset grids too, but not always min-max ones: the builder
+  stores those weights on their own grid (``quantize_on_grid``), not re-fitted.
 - ``zero_point="int"`` (format_version 1): an integer zero point, the AWQ/GPTQ
   convention that vLLM's W4A8 AMX kernel needs::
 

@@ -79,6 +79,8 @@ class Variant:
     # "promoted": the tensors the GGUF stored above its main linear type; or explicit module names.
     keep: str | tuple[str, ...] | None = None
     describe: str = ""
+    # Whether the build keeps the file's 4-bit codes (the builder's GGUF grids), as the product does.
+    grids: bool = True
 
 
 VARIANTS = {
@@ -86,6 +88,9 @@ VARIANTS = {
                     describe="--embedding int4 --head int4: every matrix 4-bit (a tied head shares the embedding)"),
     "again": Variant("again", describe="the first variant built and scored a second time (identical-run noise)"),
     "default": Variant("default", {}, describe="the builder's defaults for a GGUF"),
+    "requantized": Variant("requantized", {"embedding": "int4", "head": "int4"}, grids=False,
+                           describe="--embedding int4 --head int4, the file's 4-bit weights re-quantized from "
+                                    "the bf16 conversion instead of kept on their own grid"),
     "embedding-int8": Variant("embedding-int8", {"embedding": "int8", "head": "int4"},
                               describe="--embedding int8 --head int4 (a tied head gets its own 4-bit copy)"),
     "embedding-bf16": Variant("embedding-bf16", {"embedding": "bf16", "head": "int4"},
@@ -331,7 +336,10 @@ def measure_file(gguf: Path, work: Path, variants: Sequence[Variant], *, tokens:
     torch.set_num_threads(2)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    ref_dir = convert_gguf_to_hf(gguf, work / "reference-bf16")
+    grid_file = work / "gguf-grids.safetensors"
+    ref_dir = convert_gguf_to_hf(gguf, work / "reference-bf16", grids_out=grid_file)
+    if not grid_file.exists():
+        grid_file = None  # no 4-bit weight in the file
     seconds["convert"] = time.perf_counter() - t0
     types = gguf_tensor_types(gguf)
     tied = _tied(ref_dir)
@@ -356,7 +364,8 @@ def measure_file(gguf: Path, work: Path, variants: Sequence[Variant], *, tokens:
             if variant is first or variant.name == "again":
                 build_cpu_int4_checkpoint(gguf, out, progress=progress, **settings)
             else:
-                build_cpu_int4_checkpoint(ref_dir, out, progress=progress, **_as_gguf(settings, gguf))
+                build_cpu_int4_checkpoint(ref_dir, out, progress=progress, **_as_gguf(settings, gguf),
+                                          grids=grid_file if variant.grids else None)
             built[variant.name] = int4_dir = out
         keep = kept_modules(variant, types, tied)
         dq = work / f"{variant.name}-dequantized"
