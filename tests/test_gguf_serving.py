@@ -47,6 +47,20 @@ def test_a_build_with_an_older_head_default_is_rebuilt(tmp_path, isolated_cache)
     assert read_manifest(built)["head"] == GGUF_TIED_HEAD
 
 
+def test_a_build_that_re_quantized_the_files_4bit_weights_is_rebuilt(tiny_llama, isolated_cache):
+    import json
+
+    from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, read_manifest
+
+    built = gguf_serving.serving_checkpoint(tiny_llama, show_progress=False)
+    manifest = read_manifest(built)
+    assert "gguf_grid_tensors" in manifest
+    del manifest["gguf_grid_tensors"]  # as written before the builder kept a GGUF's 4-bit codes
+    (built / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert gguf_serving.serving_checkpoint(tiny_llama, show_progress=False) == built
+    assert "gguf_grid_tensors" in read_manifest(built)
+
+
 def test_an_architecture_cpu_int4_does_not_take_is_served_in_bf16(tmp_path, isolated_cache):
     phi3 = write_tiny_gguf(tmp_path / "tiny-phi3.gguf", "phi3")
     built = gguf_serving.serving_checkpoint(phi3, show_progress=False)

@@ -42,8 +42,8 @@ def build_dir(path: Path, digest: str, kind: str) -> Path:
 
 
 def _good(directory: Path, head: str | None = None) -> bool:
-    """Complete (directories appear whole), where a cpu_int4 manifest lists files intact, and
-    (``head``) built with the head format the builder now uses for a GGUF."""
+    """Complete (directories appear whole), where a cpu_int4 manifest lists files intact, built
+    keeping the file's 4-bit codes, and (``head``) with the head format the builder now uses for a GGUF."""
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     if not (directory / "config.json").is_file():
@@ -57,6 +57,10 @@ def _good(directory: Path, head: str | None = None) -> bool:
     if head is not None and built_head != head:
         logger.info("%s was built with a %s head, the builder now keeps a %s one; building it again",
                     directory, built_head, head)
+        return False
+    if manifest is not None and "gguf_grid_tensors" not in manifest:
+        logger.info("%s re-quantized the file's 4-bit weights, the builder now keeps their codes; "
+                    "building it again", directory)
         return False
     return True
 
