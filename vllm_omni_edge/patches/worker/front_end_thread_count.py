@@ -9,8 +9,8 @@ call, as before; only that message goes. A ``torch.set_num_threads`` from anywhe
 user's script) still warns.
 Why: in vLLM's layout the front end is another process than the worker and never meets the
 worker's guard. In ours (``LLM()`` in-process, the one-process server) it does: every
-``LLM()`` start logged the warning four times (renderer warm-up) and a served Whisper request
-twice, for a call no user made.
+``LLM()`` start logged the warning (renderer warm-up), and so did every served audio request,
+for a call no user made.
 Verified by: tests/test_front_end_thread_count.py (the worker's own guard, called through
 vLLM's context manager, logs nothing; called directly, it still warns; other records of that
 logger pass; idempotent).
@@ -35,7 +35,7 @@ RECORD = PatchRecord(
     target=f"logger {LOGGER} (the guard CPUWorker.init_device puts on torch.set_num_threads)",
     process=Process.WORKER,  # the process that binds threads; the front end's too in our layouts
     why="In the one-process layouts vLLM's front-end code meets the CPU worker's thread-binding "
-    "guard: four warnings at every LLM() start, two per served audio request, for no user's call.",
+    "guard: warnings at every LLM() start and per served audio request, for no user's call.",
     verified_by="tests/test_front_end_thread_count.py",
     remove_when="vLLM's front-end code checks the thread binding before setting a thread count.",
     upstream="none found",
