@@ -115,3 +115,51 @@ def test_a_build_from_a_checkpoint_directory_has_no_grid(tiny, tmp_path):
     assert (tmp_path / "grids.safetensors").is_file() and not list(hf.glob("*grid*"))
     report = build_cpu_int4_checkpoint(hf, tmp_path / "int4", progress=False)
     assert not report.on_gguf_grid
+
+
+def test_the_fitted_quantizer_beats_min_max_and_stores_a_valid_triple():
+    from vllm_omni_edge.quantization import int4
+
+    gen = torch.Generator().manual_seed(1)
+    w = (torch.randn(300, 256, generator=gen) * 0.02)
+    w[5, 64:96] = 0.25  # a constant group
+    w = w.to(torch.bfloat16)
+    minmax = int4.quantize(w, 32, zero_point="float")
+    fitted = int4.quantize_fitted(w, 32)
+    int4.check_triple(*fitted, "w")
+    ref = w.float()
+    err = lambda t: float((int4.dequantize(*t) - ref).norm() / ref.norm())  # noqa: E731
+    assert err(fitted) < 0.95 * err(minmax)
+    assert torch.equal(int4.dequantize(*fitted)[5, 64:96], ref[5, 64:96])  # the constant group exactly
+    # Rows are fitted in chunks; the chunking does not change the result.
+    import vllm_omni_edge.quantization.int4 as module
+    rows = module.FIT_ROWS
+    try:
+        module.FIT_ROWS = 7
+        again = int4.quantize_fitted(w, 32)
+    finally:
+        module.FIT_ROWS = rows
+    assert all(torch.equal(a, b) for a, b in zip(fitted, again))
+    bad = w.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(Int4FormatError, match="NaN"):
+        int4.quantize_fitted(bad, 32)
+    with pytest.raises(Int4FormatError, match="does not divide"):
+        int4.quantize_fitted(w[:, :250], 32)
+
+
+def test_a_build_from_bf16_fits_its_grids(tmp_path):
+    from tests.quantization.conftest import save_tiny_llama
+    from vllm_omni_edge.quantization import builder, int4
+
+    source = save_tiny_llama(tmp_path / "source")
+    report = builder.build_cpu_int4_checkpoint(source, tmp_path / "out", group_size=32, progress=False)
+    assert not report.on_gguf_grid
+    from safetensors.torch import load_file
+
+    src = load_file(str(source / "model.safetensors"))
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj"
+    w = src[f"{name}.weight"]
+    stored = tuple(out[f"{name}.{s}"] for s in ("qweight", "scales", "zeros"))
+    assert all(torch.equal(a, b) for a, b in zip(stored, int4.quantize_fitted(w, 32)))
