@@ -55,10 +55,10 @@ def test_a_build_that_re_quantized_the_files_4bit_weights_is_rebuilt(tiny_llama,
     built = gguf_serving.serving_checkpoint(tiny_llama, show_progress=False)
     manifest = read_manifest(built)
     assert "gguf_grid_tensors" in manifest
-    del manifest["gguf_grid_tensors"], manifest["float_groups"]  # as written before
+    del manifest["gguf_grid_tensors"]  # as written before the builder kept a GGUF's 4-bit codes
     (built / MANIFEST_NAME).write_text(json.dumps(manifest))
     assert gguf_serving.serving_checkpoint(tiny_llama, show_progress=False) == built
-    assert read_manifest(built)["float_groups"] == "fitted"
+    assert "gguf_grid_tensors" in read_manifest(built)
 
 
 def test_an_architecture_cpu_int4_does_not_take_is_served_in_bf16(tmp_path, isolated_cache):

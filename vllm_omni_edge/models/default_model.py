@@ -178,8 +178,8 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
             manifest = verify_manifest(out) or {}
             if built_formats(out) != default_build_formats(model_dir(model)):
                 say("rebuilding: the builder's default format for this model changed")
-            elif from_gguf and "float_groups" not in manifest:
-                say("rebuilding: the builder now keeps the GGUF's 4-bit codes and fits the other groups")
+            elif from_gguf and "gguf_grid_tensors" not in manifest:
+                say("rebuilding: the builder now keeps the GGUF's 4-bit codes")
             else:
                 return out
         except Exception:

@@ -58,9 +58,9 @@ def _good(directory: Path, head: str | None = None) -> bool:
         logger.info("%s was built with a %s head, the builder now keeps a %s one; building it again",
                     directory, built_head, head)
         return False
-    if manifest is not None and "float_groups" not in manifest:
-        logger.info("%s re-quantized the file's 4-bit weights, the builder now keeps their codes and fits "
-                    "the other groups; building it again", directory)
+    if manifest is not None and "gguf_grid_tensors" not in manifest:
+        logger.info("%s re-quantized the file's 4-bit weights, the builder now keeps their codes; "
+                    "building it again", directory)
         return False
     return True
 
