@@ -150,7 +150,7 @@ def test_failed_rebuild_keeps_the_previous_checkpoint(tiny_llama, tmp_path, monk
     out = tmp_path / "out"
     build_cpu_int4_checkpoint(tiny_llama, out, progress=False)
     before = (out / "model.safetensors").read_bytes()
-    monkeypatch.setattr(builder, "quantize_fitted", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(builder, "quantize", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     with pytest.raises(RuntimeError, match="boom"):
         build_cpu_int4_checkpoint(tiny_llama, out, progress=False, overwrite=True)
     assert (out / "model.safetensors").read_bytes() == before

@@ -75,7 +75,6 @@ from vllm_omni_edge.quantization.int4 import (
     format_version_for,
     group_size_for,
     quantize,
-    quantize_fitted,
     quantize_on_grid,
     quantize_rows_int8,
 )
@@ -143,8 +142,6 @@ class BuildReport:
     zero_point: str = DEFAULT_ZERO_POINT
     embedding: str = DEFAULT_EMBEDDING
     head: str = DEFAULT_HEAD
-    # Float-offset groups not on a GGUF grid: fitted (quantize_fitted) or spanning min..max (quantize).
-    fit: bool = True
     # prefix -> group size, for layers whose K the requested size does not divide.
     group_size_fallbacks: dict[str, int] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -201,14 +198,12 @@ def build_cpu_int4_checkpoint(
     embedding: str | None = None,
     head: str | None = None,
     grids: Path | str | None = None,
-    fit: bool = True,
 ) -> BuildReport:
     """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``.
 
     A ``.gguf`` source's 4-bit weights (Q4_0, Q4_1, Q4_K) keep the file's codes: they are stored
     on their own grid, not re-quantized (group 32, float offsets). ``grids`` gives the same
-    for a directory converted from a GGUF (``gguf_to_hf.write_gguf_grids``). Other float-offset
-    groups are fitted (``int4.quantize_fitted``); ``fit=False`` spans each group's min..max instead.
+    for a directory converted from a GGUF (``gguf_to_hf.write_gguf_grids``).
 
     ``embedding="int4"`` writes format 3 (input embedding 4-bit), ``"bf16"`` format 2.
     ``head="bf16"`` leaves the output head unquantized; it needs ``embedding="bf16"``.
@@ -242,9 +237,9 @@ def build_cpu_int4_checkpoint(
             grid_file = Path(tmp) / GGUF_GRIDS
             hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step, grids_out=grid_file)
             return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding, head,
-                                      grids=grid_file if grid_file.exists() else None, fit=fit)
+                                      grids=grid_file if grid_file.exists() else None)
     return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head,
-                              grids=Path(grids).expanduser() if grids is not None else None, fit=fit)
+                              grids=Path(grids).expanduser() if grids is not None else None)
 
 
 def gguf_ties_head(path: Path) -> bool:
@@ -401,13 +396,13 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
                        zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD,
-                       grids: Path | None = None, fit: bool = True) -> BuildReport:
+                       grids: Path | None = None) -> BuildReport:
     """``grids``: the source GGUF's 4-bit grids (``convert_gguf_to_hf(grids_out=...)``), if any."""
     config = _read_source_config(src)
     if config["model_type"] in ENCODER_DECODER_MODEL_TYPES:
         with contextlib.ExitStack() as stack:
             report, written, quantized_prefixes = _quantize_whisper_tensors(
-                src, out, _open_source_tensors(src, stack), group_size, progress, zero_point, embedding, fit
+                src, out, _open_source_tensors(src, stack), group_size, progress, zero_point, embedding
             )
         tied = embedding != "int8"  # int8: the head has its own 4-bit proj_out.*
         _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding,
@@ -425,7 +420,7 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
             grid_file = stack.enter_context(safe_open(str(grids), framework="pt"))
         report, written, quantized_prefixes = _quantize_tensors(
             src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head,
-            grid_file, fit
+            grid_file
         )
     if head == "bf16":
         tied = HEAD not in written  # the head is the stored embedding
@@ -444,7 +439,6 @@ def _quantize_tensors(
     embedding: str = DEFAULT_EMBEDDING,
     head: str = DEFAULT_HEAD,
     grids=None,
-    fit: bool = True,
 ):
     """All output tensors in memory, and the report of what was done to each class.
 
@@ -461,8 +455,7 @@ def _quantize_tensors(
             f"{src} has no {HEAD} and does not tie it to {EMBEDDING}; cannot build the output head"
         )
 
-    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head,
-                         fit=fit)
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head)
     # Format 3: the embedding 4-bit; a tied matrix once, as the embedding (the head shares it at load).
     tied_int4 = embedding == "int4" and head_source == EMBEDDING
     written: dict[str, torch.Tensor] = {}
@@ -527,8 +520,6 @@ def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str
     if grid is not None and zero_point == "float" and g * grid[0].shape[-1] == weight.shape[1]:
         qweight, scales, zeros = quantize_on_grid(weight, *grid, what=prefix)
         report.on_gguf_grid[row] += 1
-    elif zero_point == "float" and report.fit:
-        qweight, scales, zeros = quantize_fitted(weight, g, what=prefix)
     else:
         qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
     ref = weight.float()
@@ -564,15 +555,13 @@ def _keep(report: BuildReport, written: dict, name: str, tensor: torch.Tensor, r
 
 
 def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int, progress: bool,
-                              zero_point: str = DEFAULT_ZERO_POINT, embedding: str = DEFAULT_EMBEDDING,
-                              fit: bool = True):
+                              zero_point: str = DEFAULT_ZERO_POINT, embedding: str = DEFAULT_EMBEDDING):
     """Whisper: its linears and (unless ``embedding`` is bf16) its token embedding quantized, the rest as
     stored, a zero bias beside each k projection; with int8 rows, a 4-bit head of its own."""
     from tqdm import tqdm
 
     head = "bf16" if embedding == "bf16" else "int4"
-    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head,
-                         fit=fit)
+    report = BuildReport(out=out, group_size=group_size, zero_point=zero_point, embedding=embedding, head=head)
     written: dict[str, torch.Tensor] = {}
     quantized_prefixes: list[str] = []
     if WHISPER_EMBEDDING not in where:
@@ -674,7 +663,6 @@ def _write_checkpoint(
             info["head"] = "int4, tied to the token embedding (one copy)" if tied else "int4, its own proj_out"
         if report is not None:
             info["gguf_grid_tensors"] = sum(report.on_gguf_grid.values())
-            info["float_groups"] = "fitted" if report.fit else "min-max"
             info["kept_unquantized"] = {row: n for row, n in sorted(report.tensors.items())
                                         if n and row not in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT,
                                                              EMBEDDING_INT8)}

@@ -188,68 +188,6 @@ def quantize(weight: torch.Tensor, group_size: int, what: str = "weight",
     return qweight, scales, zeros.to(torch.uint8)
 
 
-# The fitted quantizer's candidate ranges: 15 steps scaled by 14/15 .. 16/15 (llama.cpp's Q4_K search).
-FIT_STEPS = 20
-FIT_ROWS = 4096  # rows fitted at once (memory: a few copies of [rows, K] float32)
-
-
-def quantize_fitted(weight: torch.Tensor, group_size: int, what: str = "weight"):
-    """[N, K] float weight -> the ``zero_point="float"`` triple, each group's grid fitted.
-
-    ``quantize`` spans each group's [min, max]; this tries grids of 14 to 16 steps over that range
-    (as llama.cpp's Q4_K quantizer does), fits scale and offset to each one's codes by least
-    squares, weighting each weight by its group's RMS plus its magnitude, keeps the one with the
-    least weighted error (the min-max grid is among the candidates), then rounds scale and offset
-    to bf16 and codes every weight to the nearest point of the grid as stored. Extreme weights may
-    be clamped to the ends of their group's grid: the error bound is not ``quantize``'s half step.
-    """
-    if weight.dim() != 2 or weight.dtype not in SUPPORTED_WEIGHT_DTYPES:
-        return quantize(weight, group_size, what=what, zero_point="float")  # its error names the problem
-    check_group_size(group_size)
-    n, k = weight.shape
-    if k % group_size:
-        raise Int4FormatError(f"{what}: group size {group_size} does not divide in_features K={k}")
-    if not torch.isfinite(weight).all():
-        raise Int4FormatError(f"{what}: contains NaN or infinite values")
-    parts = [_fit_rows(weight[r:r + FIT_ROWS].detach().float().reshape(-1, k // group_size, group_size))
-             for r in range(0, n, FIT_ROWS)]
-    scale = torch.cat([p[0] for p in parts]).reshape(n, -1)
-    offset = torch.cat([p[1] for p in parts]).reshape(n, -1)
-    return quantize_on_grid(weight, scale, offset, what=what)
-
-
-def _fit_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fitted (scale, offset) float32 [R, G] for groups w [R, G, g]."""
-    wmin, wmax = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
-    span = wmax - wmin
-    constant = span == 0
-    span = torch.where(constant, torch.ones_like(span), span)
-    importance = w.square().mean(dim=-1, keepdim=True).sqrt() + w.abs()
-    sum_w = importance.sum(dim=-1, keepdim=True)
-    sum_x = (importance * w).sum(dim=-1, keepdim=True)
-    best_scale, best_offset = span / _QMAX, wmin  # the min-max grid
-    codes = torch.round((w - wmin) / best_scale).clamp(0, _QMAX)
-    best_err = (importance * (codes * best_scale + wmin - w).square()).sum(dim=-1, keepdim=True)
-    for step in range(FIT_STEPS + 1):
-        codes = torch.round((w - wmin) * ((_QMAX - 1 + 0.1 * step) / span)).clamp(0, _QMAX)
-        sum_l = (importance * codes).sum(dim=-1, keepdim=True)
-        sum_l2 = (importance * codes.square()).sum(dim=-1, keepdim=True)
-        sum_xl = (importance * w * codes).sum(dim=-1, keepdim=True)
-        det = sum_w * sum_l2 - sum_l.square()
-        ok = det > 0
-        det = torch.where(ok, det, torch.ones_like(det))
-        scale = torch.where(ok, (sum_w * sum_xl - sum_x * sum_l) / det, best_scale)
-        offset = torch.where(ok, (sum_l2 * sum_x - sum_l * sum_xl) / det, best_offset)
-        ok = ok & (scale > 0)
-        err = (importance * (codes * scale + offset - w).square()).sum(dim=-1, keepdim=True)
-        better = ok & (err < best_err)
-        best_err = torch.where(better, err, best_err)
-        best_scale = torch.where(better, scale, best_scale)
-        best_offset = torch.where(better, offset, best_offset)
-    best_scale = torch.where(constant, torch.zeros_like(best_scale), best_scale)  # stored as the offset
-    return best_scale.squeeze(-1), best_offset.squeeze(-1)
-
-
 def quantize_on_grid(weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, what: str = "weight"):
     """[N, K] weight onto a given float-offset grid -> the ``zero_point="float"`` triple.
 

@@ -88,9 +88,6 @@ VARIANTS = {
                     describe="--embedding int4 --head int4: every matrix 4-bit (a tied head shares the embedding)"),
     "again": Variant("again", describe="the first variant built and scored a second time (identical-run noise)"),
     "default": Variant("default", {}, describe="the builder's defaults for a GGUF"),
-    "min-max": Variant("min-max", {"embedding": "int4", "head": "int4", "fit": False},
-                       describe="--embedding int4 --head int4, the groups not on a GGUF grid spanning their "
-                                "min..max instead of fitted"),
     "requantized": Variant("requantized", {"embedding": "int4", "head": "int4"}, grids=False,
                            describe="--embedding int4 --head int4, the file's 4-bit weights re-quantized from "
                                     "the bf16 conversion instead of kept on their own grid"),
