@@ -115,3 +115,24 @@ def test_a_build_from_a_checkpoint_directory_has_no_grid(tiny, tmp_path):
     assert (tmp_path / "grids.safetensors").is_file() and not list(hf.glob("*grid*"))
     report = build_cpu_int4_checkpoint(hf, tmp_path / "int4", progress=False)
     assert not report.on_gguf_grid
+
+
+def test_grids_given_wrongly_are_refused_by_name(tiny, tmp_path):
+    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
+
+    hf = gguf_to_hf.convert_gguf_to_hf(tiny["q4_0"], tmp_path / "bf16", grids_out=tmp_path / "grids.safetensors")
+    with pytest.raises(FileNotFoundError, match="GGUF grids file not found: .*missing.safetensors"):
+        build_cpu_int4_checkpoint(hf, tmp_path / "a", progress=False, grids=tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="grids are read from a .gguf source itself"):
+        build_cpu_int4_checkpoint(tiny["q4_0"], tmp_path / "b", progress=False, grids=tmp_path / "grids.safetensors")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # A build with the grids of the file it was converted from stores the same weights as from the file.
+    formats = {"embedding": "int4", "head": "int4"}
+    from_dir = build_cpu_int4_checkpoint(hf, tmp_path / "c", progress=False, grids=tmp_path / "grids.safetensors",
+                                         **formats)
+    from_file = build_cpu_int4_checkpoint(tiny["q4_0"], tmp_path / "d", progress=False, **formats)
+    assert dict(from_dir.on_gguf_grid) == dict(from_file.on_gguf_grid) and from_dir.on_gguf_grid
+    from safetensors.torch import load_file
+
+    c, d = (load_file(str(tmp_path / x / "model.safetensors")) for x in ("c", "d"))
+    assert c.keys() == d.keys() and all(torch.equal(c[k], d[k]) for k in c)
