@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from types import SimpleNamespace
@@ -28,12 +29,13 @@ def checks(monkeypatch, caplog):
     for name in list(os.environ):
         if name.startswith("VLLM_") and name not in vllm_envs.environment_variables:
             monkeypatch.delenv(name)
-    module = SimpleNamespace(validate_environ=vllm_envs.validate_environ,
+    vllms = inspect.unwrap(vllm_envs.validate_environ)  # the plugin may have wrapped it in this process
+    module = SimpleNamespace(validate_environ=vllms,
                              environment_variables=vllm_envs.environment_variables, logger=vllm_envs.logger)
     patch._wrap(module)
     patch._wrap(module)  # idempotent
-    assert module.validate_environ.__wrapped__ is vllm_envs.validate_environ
-    return SimpleNamespace(vllm=vllm_envs.validate_environ, ours=module.validate_environ)
+    assert module.validate_environ.__wrapped__ is vllms
+    return SimpleNamespace(vllm=vllms, ours=module.validate_environ)
 
 
 def _outcome(check, hard_fail, caplog):
