@@ -38,18 +38,28 @@ def atomic_directory(final: Path):
         raise
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextlib.contextmanager
+def atomic_file(path: Path):
+    """Yield a temporary sibling path to write; it replaces ``path`` on success (mode 0644).
+
+    On any error the temporary file is removed and ``path`` is left untouched.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600
+        with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from vllm_omni_edge.atomic import atomic_directory
+from vllm_omni_edge.atomic import atomic_directory, atomic_file
 from vllm_omni_edge.log import get_logger
 
 logger = get_logger("convert")
@@ -653,11 +653,9 @@ def _save_grids(grids: dict[str, tuple[np.ndarray, np.ndarray]], out: Path) -> N
     import torch
     from safetensors.torch import save_file
 
-    partial = out.with_name(f".{out.name}.partial")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file({f"{name}.{part}": torch.from_numpy(np.ascontiguousarray(value))
-               for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial))
-    partial.replace(out)  # complete or absent
+    with atomic_file(out) as partial:  # complete or absent
+        save_file({f"{name}.{part}": torch.from_numpy(np.ascontiguousarray(value))
+                   for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial))
 
 
 def write_gguf_grids(gguf_path: Path, out: Path) -> Path | None:
