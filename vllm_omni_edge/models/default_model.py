@@ -188,7 +188,7 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
     grids = None
     if from_gguf:
         grids = grids_path(model)
-        if not grids.is_file():
+        if not grids.is_file():  # a checkpoint converted before the grids were kept beside the GGUF
             say("reading the GGUF's 4-bit grids")
             grids = write_gguf_grids(ensure_gguf(model, progress=progress), grids)
     say("quantizing to cpu_int4")
@@ -363,7 +363,8 @@ def pull_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bool = Fals
         "license": model.license,
         "dtype": "bfloat16",
     }
-    return convert_gguf_to_hf(gguf, out, progress=progress, manifest=record)
+    # The 4-bit grids cpu_int4 builds keep come out of the same read of the file.
+    return convert_gguf_to_hf(gguf, out, progress=progress, manifest=record, grids_out=grids_path(model))
 
 
 def pull_default_model(*, force: bool = False, progress=None) -> Path:
