@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 
 import pytest
@@ -73,8 +74,7 @@ def test_vllms_cached_tokenizer_goes_through_the_drop(fresh):
 
     from vllm.tokenizers import hf
 
-    module = SimpleNamespace(get_cached_tokenizer=getattr(hf.get_cached_tokenizer, "__wrapped__",
-                                                          hf.get_cached_tokenizer))
+    module = SimpleNamespace(get_cached_tokenizer=inspect.unwrap(hf.get_cached_tokenizer))
     patch._wrap(module)
     patch._wrap(module)  # idempotent
     assert not getattr(module.get_cached_tokenizer.__wrapped__, patch.MARKER, False)
@@ -89,7 +89,7 @@ def test_vllms_cached_tokenizer_goes_through_the_drop(fresh):
 def _unwrapped_get_cached_tokenizer():
     from vllm.tokenizers import hf
 
-    return getattr(hf.get_cached_tokenizer, "__wrapped__", hf.get_cached_tokenizer)
+    return inspect.unwrap(hf.get_cached_tokenizer)  # under the plugin's wrappers, if applied
 
 
 def test_copies_of_a_cached_tokenizer_share_one_vocabulary_dict(fresh, monkeypatch):

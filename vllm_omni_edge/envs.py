@@ -280,6 +280,9 @@ FLAGS: tuple[Flag, ...] = (
     Choice("VLLM_OMNI_EDGE_TOKENIZER_LOAD", "a tokenizer directory read once per process and options, "
            "later loads answered with that tokenizer (once); or read at every load, as vLLM does (each)",
            LEVER, ("patches/frontend/tokenizer_load_once.py",), ("once", "each"), "once"),
+    Choice("VLLM_OMNI_EDGE_TOKENIZER_COPIES", "a shallow copy of a vLLM cached tokenizer reuses the "
+           "cache vLLM built for that tokenizer (reuse); or rebuilds it, as vLLM does (rebuild)", LEVER,
+           ("patches/frontend/tokenizer_copies.py",), ("reuse", "rebuild"), "reuse"),
     Switch("VLLM_OMNI_EDGE_PROCESSOR_TOKENIZER", "the Hugging Face processors vLLM builds share the "
            "tokenizer vLLM passes them (1); or each loads its own copy, as transformers does (0)", LEVER,
            ("patches/frontend/processor_tokenizer.py",)),

@@ -63,6 +63,7 @@ def write_process_record() -> Path | None:
             "tokenizer_pool": _tokenizer_pool(),
             "processor_tokenizers": _processor_tokenizers(),
             "tokenizer_tables": _tokenizer_tables(),
+            "tokenizer_copies": _tokenizer_copies(),
             "tokenizer_loads": _tokenizer_loads(),
             "weights_check": _weights_check(),
         },
@@ -101,6 +102,13 @@ def _tokenizer_tables() -> dict[str, int]:
     from vllm_omni_edge.patches.frontend import tokenizer_tables
 
     return tokenizer_tables.record()
+
+
+def _tokenizer_copies() -> dict[str, int]:
+    """Caches vLLM built for tokenizers in this process, and copies that reused one."""
+    from vllm_omni_edge.patches.frontend import tokenizer_copies
+
+    return tokenizer_copies.record()
 
 
 def _compile_warmup_tokens() -> int | None:
@@ -240,6 +248,8 @@ def collect_worker_evidence(worker) -> dict:
         "processor_tokenizers": _processor_tokenizers(),
         # Tokenizers whose Python vocabulary/merges were dropped (patches/frontend/tokenizer_tables.py).
         "tokenizer_tables": _tokenizer_tables(),
+        # Caches built for tokenizers, and copies that reused one (patches/frontend/tokenizer_copies.py).
+        "tokenizer_copies": _tokenizer_copies(),
         # Tokenizer loads read from files or answered from memory (patches/frontend/tokenizer_load_once.py).
         "tokenizer_loads": _tokenizer_loads(),
         "weights_check": _weights_check(),

@@ -58,6 +58,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.frontend.tokenizer_pool",
     "vllm_omni_edge.patches.frontend.processor_tokenizer",
     "vllm_omni_edge.patches.frontend.tokenizer_tables",
+    "vllm_omni_edge.patches.frontend.tokenizer_copies",  # after tokenizer_tables: wraps its wrapper
     "vllm_omni_edge.patches.frontend.tokenizer_load_once",
     "vllm_omni_edge.patches.worker.evidence_recorder",
     # Also a CLI patch; here too so `python -m vllm.entrypoints...` servers get it.
