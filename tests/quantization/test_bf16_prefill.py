@@ -47,7 +47,7 @@ def prefill_from(request):
 def rows16_layer(N, K, g, seed=0):
     """(a layer loaded on rows16, its stored triple before the repack)."""
     layer, _ = int4_layer(N, K, g, torch.bfloat16, seed)
-    stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
+    stored = (layer.qweight.data.clone(), layer.scales.data.clone(), layer.zeros.data.clone())  # process_weights rearranges in place
     kernel = Avx512VnniRows16W4A8Kernel()
     kernel.process_weights(layer)
     layer.int4_kernel, layer.bias = kernel, None

@@ -76,8 +76,9 @@ def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
 def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
     """(output, x, layer, exact weights, the stored triple as loaded)."""
     layer, weight = int4_layer(N, K, g, act_dtype, seed)
-    stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
-    kernel = kernel_cls()
+    stored = (layer.qweight.data.clone(), layer.scales.data.clone(), layer.zeros.data.clone())
+    layer.loaded_at = [t.data_ptr() for t in (layer.qweight, layer.scales, layer.zeros)]
+    kernel = kernel_cls()  # may rearrange the layer's tensors in place
     kernel.process_weights(layer)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(act_dtype)
     return kernel.apply(layer, x, None), x, layer, weight, stored
@@ -125,17 +126,20 @@ def test_zero_rows_and_bias_and_3d(kernel_cls):
 @needs_op
 def test_avx2_runs_on_the_stored_weights_without_a_copy():
     _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=Avx2W4A8Kernel)
-    assert layer.qweight.data_ptr() == stored[0].data_ptr()
+    assert layer.qweight.data_ptr() == layer.loaded_at[0] and torch.equal(layer.qweight, stored[0])
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
 
 
 @needs_op
 @needs_vnni
-def test_rows16_replaces_the_stored_layout_with_one_of_the_same_bytes():
+def test_rows16_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
     _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Avx512VnniRows16W4A8Kernel)
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
-    for now, was in ((layer.qweight, qweight), (layer.scales, scales), (layer.zeros, zeros.bfloat16())):
-        assert now.shape == was.shape and now.dtype == was.dtype and now.data_ptr() != was.data_ptr()
+    for now, was, at in zip((layer.qweight, layer.scales, layer.zeros), (qweight, scales, zeros.bfloat16()),
+                            layer.loaded_at):
+        assert now.shape == was.shape and now.dtype == was.dtype
+        assert now.data_ptr() == at  # rearranged in place: no second weight-sized buffer
+        assert not torch.equal(now, was)
     q = int4.unpack_nibbles(qweight)
     packed = layer.qweight.reshape(-1)
     # Tile 1 (rows 16-31), block 2 (k 64-95), chunk 3, row 5 of the tile, byte 2:
@@ -163,6 +167,38 @@ def test_interleave_op_is_the_permutation_of_the_16_row_layout(N, K):
     # A non-contiguous input is read as its values.
     wide = torch.cat([qweight, qweight], dim=1)[:, : K // 2]
     assert torch.equal(torch.ops.edge_cpu_int4.interleave_rows16(wide), interleave_by_permute(qweight))
+
+
+@needs_op
+@pytest.mark.parametrize("N,K,g", [(16, 32, 32), (48, 576, 64), (64, 1536, 32)])
+def test_interleave_in_place_is_the_same_layout_in_the_same_memory(N, K, g):
+    gen = torch.Generator().manual_seed(N + K)
+    qweight = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=gen)
+    scales, offsets = (torch.randn(N, K // g, generator=gen).bfloat16() for _ in range(2))
+    expected_scales = scales.reshape(N // 16, 16, -1).transpose(1, 2).reshape(N, -1)
+    expected_offsets = offsets.reshape(N // 16, 16, -1).transpose(1, 2).reshape(N, -1)
+    expected = interleave_by_permute(qweight)
+    at = [t.data_ptr() for t in (qweight, scales, offsets)]
+    torch.ops.edge_cpu_int4.interleave_rows16_inplace(qweight, scales, offsets)
+    assert [t.data_ptr() for t in (qweight, scales, offsets)] == at
+    assert torch.equal(qweight, expected)
+    assert torch.equal(scales, expected_scales) and torch.equal(offsets, expected_offsets)
+
+
+@needs_op
+def test_interleave_in_place_refuses_what_it_cannot_rearrange_by_name():
+    op = torch.ops.edge_cpu_int4.interleave_rows16_inplace
+    q, s = torch.zeros(32, 16, dtype=torch.uint8), torch.zeros(32, 1, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="qweight must be contiguous"):
+        op(torch.zeros(32, 32, dtype=torch.uint8)[:, :16], s, s.clone())
+    with pytest.raises(RuntimeError, match="must be contiguous bf16"):
+        op(q, s.float(), s.clone())
+    with pytest.raises(RuntimeError, match="must be contiguous bf16"):
+        op(q, s, torch.zeros(16, 1, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="distinct tensors"):
+        op(q, s, s)
+    with pytest.raises(RuntimeError, match="N must be a multiple of 16, got N=24"):
+        op(torch.zeros(24, 16, dtype=torch.uint8), s[:24], s[:24].clone())
 
 
 @needs_op

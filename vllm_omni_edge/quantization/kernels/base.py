@@ -3,8 +3,9 @@
 A kernel takes a layer holding the stored triple (``qweight`` uint8 [N, K/2],
 ``scales`` [N, G], ``zeros`` [N, G]: bf16 offsets or uint8 zero points; see
 ``int4.py``), repacks it once
-into the one layout it runs on (``process_weights``), then multiplies
-activations by it (``apply``). The repacked tensors stay registered on the layer
+into the one layout it runs on (``process_weights``; it may do so in the stored
+tensors' own memory, so nothing may read them in the stored layout afterwards),
+then multiplies activations by it (``apply``). The repacked tensors stay registered on the layer
 as parameters, so memory accounting sees them.
 """
 

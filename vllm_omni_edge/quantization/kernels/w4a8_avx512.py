@@ -24,20 +24,26 @@ TILE_ROWS = 16
 
 
 def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
-    """The stored triple in ``w4a8_vnni_rows16_mm``'s layout, same shapes and bytes.
+    """The stored triple in ``w4a8_vnni_rows16_mm``'s layout, same shapes and bytes (new tensors).
 
     Per tile of 16 rows and block of 32 k: 4 chunks of 64 bytes; byte 4j + i of chunk c
     holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble) (the C++ op
     ``interleave_rows16``). Scales and offsets become [tile][group][16 rows].
     """
-    N = qweight.shape[0]
-    packed = torch.ops.edge_cpu_int4.interleave_rows16(qweight)
+    packed = qweight.clone(memory_format=torch.contiguous_format)
+    scales = scales.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
+    offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
+    torch.ops.edge_cpu_int4.interleave_rows16_inplace(packed, scales, offsets)
+    return packed, scales, offsets
 
-    def by_tile(t: torch.Tensor) -> torch.Tensor:
-        groups = t.shape[1]
-        return t.reshape(N // TILE_ROWS, TILE_ROWS, groups).transpose(1, 2).contiguous().reshape(N, groups)
 
-    return packed, by_tile(scales), by_tile(offsets)
+def interleave_rows16_inplace(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
+    """``interleave_rows16`` in the given tensors' own memory (contiguous, bf16 scales and offsets).
+
+    For tensors nothing else reads in the stored layout afterwards: at load, the layer's.
+    """
+    torch.ops.edge_cpu_int4.interleave_rows16_inplace(qweight, scales, offsets)
+    return qweight, scales, offsets
 
 
 # Prefill on the rows16 ops (csrc ``rows16_bf16_mm``): from this many activation rows per call,
@@ -110,8 +116,11 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
     def process_weights(self, layer):
         configure_prefill()
         keep_dense_copy_if_asked(layer)
-        packed, scales, offsets = interleave_rows16(
-            layer.qweight.data, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))
+        # In place: the stored-layout tensors are not read again (a tied embedding is pointed at
+        # these bytes, embedding.share_with_embedding; the dense copy was made above).
+        packed, scales, offsets = interleave_rows16_inplace(
+            layer.qweight.data.contiguous(), layer.scales.data.to(torch.bfloat16).contiguous(),
+            layer.zeros.data.to(torch.bfloat16).contiguous())
         set_weight(layer, "qweight", packed)
         set_weight(layer, "scales", scales)
         set_weight(layer, "zeros", offsets)

@@ -456,22 +456,20 @@ inline uint32_t shuffle_nibbles(uint32_t x) {
   return x ^ t ^ (t << 4);
 }
 
-at::Tensor interleave_rows16(const at::Tensor& qweight) {
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
-              "interleave_rows16: qweight must be uint8 [N, K/2], got ", qweight.scalar_type(), " ", qweight.sizes());
-  const int64_t N = qweight.size(0), half_k = qweight.size(1);
-  TORCH_CHECK(N % kTileRows == 0, "interleave_rows16: N must be a multiple of ", kTileRows, ", got N=", N);
-  TORCH_CHECK(half_k % (kBlock / 2) == 0, "interleave_rows16: K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
-  const at::Tensor q = qweight.contiguous();
-  at::Tensor out = at::empty_like(q);
-  const uint8_t* src = q.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
+// Rearranges the tiles of a contiguous qweight [N, K/2] in place, each through a per-thread scratch
+// copy of its 16 rows (a tile's bytes are the same range in both layouts): no second weight-sized
+// buffer, whose first touch (page faults) cost about as much as the rearrangement, and the
+// scattered writes stay within one tile in L2.
+void interleave_tiles_inplace(uint8_t* data, int64_t N, int64_t half_k) {
   const int64_t words = half_k / 4;  // per row; 4 per block of 32 k
+  const int64_t tile_bytes = kTileRows * half_k;
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> scratch(tile_bytes);
     for (int64_t t = begin; t < end; ++t) {
-      uint8_t* tile = dst + t * kTileRows * half_k;
+      uint8_t* tile = data + t * tile_bytes;
+      std::memcpy(scratch.data(), tile, tile_bytes);
       for (int64_t j = 0; j < kTileRows; ++j) {
-        const uint8_t* row = src + (t * kTileRows + j) * half_k;
+        const uint8_t* row = scratch.data() + j * half_k;
         for (int64_t w = 0; w < words; ++w) {
           uint32_t word;
           std::memcpy(&word, row + 4 * w, 4);
@@ -481,7 +479,55 @@ at::Tensor interleave_rows16(const at::Tensor& qweight) {
       }
     }
   });
+}
+
+// Per tile of 16 rows, a contiguous bf16 [N, groups] becomes [groups][16 rows], in place.
+void tile_transpose_inplace(uint16_t* data, int64_t N, int64_t groups) {
+  const int64_t tile = kTileRows * groups;
+  at::parallel_for(0, N / kTileRows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint16_t> scratch(tile);
+    for (int64_t t = begin; t < end; ++t) {
+      uint16_t* d = data + t * tile;
+      std::memcpy(scratch.data(), d, tile * sizeof(uint16_t));
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        for (int64_t g = 0; g < groups; ++g) d[g * kTileRows + j] = scratch[j * groups + g];
+      }
+    }
+  });
+}
+
+void check_interleave_shape(const char* op, const at::Tensor& qweight) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
+              op, ": qweight must be uint8 [N, K/2], got ", qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t N = qweight.size(0), half_k = qweight.size(1);
+  TORCH_CHECK(N % kTileRows == 0, op, ": N must be a multiple of ", kTileRows, ", got N=", N);
+  TORCH_CHECK(half_k % (kBlock / 2) == 0, op, ": K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
+}
+
+at::Tensor interleave_rows16(const at::Tensor& qweight) {
+  check_interleave_shape("interleave_rows16", qweight);
+  at::Tensor out = qweight.clone(at::MemoryFormat::Contiguous);
+  interleave_tiles_inplace(out.data_ptr<uint8_t>(), out.size(0), out.size(1));
   return out;
+}
+
+// The stored triple rearranged into the 16-row layout in place (the kernel class at load: the
+// tensors it replaces are not kept). Scales and offsets: bf16 [N, groups] -> [tile][group][16 rows].
+void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tensor& offsets) {
+  check_interleave_shape("interleave_rows16_inplace", qweight);
+  const int64_t N = qweight.size(0);
+  TORCH_CHECK(qweight.is_contiguous(), "interleave_rows16_inplace: qweight must be contiguous");
+  for (const auto* t : {&scales, &offsets}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N && t->is_contiguous(),
+                "interleave_rows16_inplace: scales and offsets must be contiguous bf16 [", N, ", groups], got ",
+                t->scalar_type(), " ", t->sizes());
+  }
+  TORCH_CHECK(scales.data_ptr() != offsets.data_ptr(), "interleave_rows16_inplace: scales and offsets must be "
+              "distinct tensors");
+  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, qweight.size(1));
+  for (auto* t : {&scales, &offsets}) {
+    tile_transpose_inplace(reinterpret_cast<uint16_t*>(t->data_ptr<at::BFloat16>()), N, t->size(1));
+  }
 }
 
 }  // namespace
@@ -492,6 +538,7 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
         "Tensor down_offsets, int down_group_size) -> Tensor");
   m.def("interleave_rows16(Tensor qweight) -> Tensor");
+  m.def("interleave_rows16_inplace(Tensor(a!) qweight, Tensor(b!) scales, Tensor(c!) offsets) -> ()");
   m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False) -> Tensor");
   m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
@@ -501,5 +548,6 @@ TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
   m.impl("interleave_rows16", &interleave_rows16);
+  m.impl("interleave_rows16_inplace", &interleave_rows16_inplace);
   m.impl("rows16_dequantize", &rows16_dequantize);
 }
