@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -115,6 +117,8 @@ def test_a_build_from_a_checkpoint_directory_has_no_grid(tiny, tmp_path):
     assert (tmp_path / "grids.safetensors").is_file() and not list(hf.glob("*grid*"))
     report = build_cpu_int4_checkpoint(hf, tmp_path / "int4", progress=False)
     assert not report.on_gguf_grid
+    for directory in (hf, tmp_path / "int4"):  # both list the added tokens (models/tokenizer_config.py)
+        assert "added_tokens_decoder" in json.loads((directory / "tokenizer_config.json").read_text())
 
 
 def test_grids_given_wrongly_are_refused_by_name(tiny, tmp_path):

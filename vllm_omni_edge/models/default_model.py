@@ -32,6 +32,7 @@ from pathlib import Path
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.cache_paths import cache_root
 from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf, write_gguf_grids
+from vllm_omni_edge.models.tokenizer_config import add_added_tokens
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,7 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
             elif from_gguf and "gguf_grid_tensors" not in manifest:
                 say("rebuilding: the builder now keeps the GGUF's 4-bit codes")
             else:
+                add_added_tokens(out)  # a checkpoint built before the builder wrote them
                 return out
         except Exception:
             pass  # damaged: rebuild below
@@ -353,6 +355,7 @@ def pull_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bool = Fals
         return pull_speech_model(model, force=force, progress=progress)
     out = model_dir(model)
     if not force and is_cached_model_good(out, model):
+        add_added_tokens(out)  # a checkpoint converted before the conversion wrote them
         return out
     gguf = ensure_gguf(model, progress=progress)
     record = {

@@ -42,6 +42,7 @@ import numpy as np
 
 from vllm_omni_edge.atomic import atomic_directory, atomic_file
 from vllm_omni_edge.log import get_logger
+from vllm_omni_edge.models.tokenizer_config import add_added_tokens
 
 logger = get_logger("convert")
 
@@ -723,6 +724,7 @@ def convert_gguf_to_hf(
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         _generation_config(plan.config, meta).to_json_file(str(tmp / "generation_config.json"))
         tokenizer.save_pretrained(str(tmp))
+        add_added_tokens(tmp)
         if manifest is not None:
             (tmp / "edge-manifest.json").write_text(json.dumps(manifest, indent=2))
     logger.info("converted %s (%s) to %s", gguf_path, plan.spec.gguf_arch, out_dir)

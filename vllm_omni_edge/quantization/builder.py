@@ -53,6 +53,7 @@ import torch
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
+from vllm_omni_edge.models.tokenizer_config import add_added_tokens
 from vllm_omni_edge.quantization.int4 import (
     BITS,
     DEFAULT_EMBEDDING,
@@ -651,6 +652,7 @@ def _write_checkpoint(
         for path in sorted(src.iterdir()):
             if _is_copied_metadata(path):
                 shutil.copy2(path, tmp / path.name)
+        add_added_tokens(tmp)
         encoder_decoder = config.get("model_type") in ENCODER_DECODER_MODEL_TYPES
         info = {"quant_method": QUANT_METHOD, "format_version": version, "group_size": group_size,
                 "zero_point": zero_point, "embedding": embedding, "head": head,
