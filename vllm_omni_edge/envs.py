@@ -196,6 +196,9 @@ FLAGS: tuple[Flag, ...] = (
            ("patches/worker/kv_resident_as_used.py",), ("used", "all"), "used"),
     Switch("VLLM_OMNI_EDGE_EMBED_PREPACK", "oneDNN prepacked copy of the input embedding, as vLLM "
            "makes (1); or none (0)", LEVER, ("patches/worker/embedding_prepack.py",), on=False),
+    Switch("VLLM_OMNI_EDGE_IMPORT_MEMO", "transformers' import-time scans (the installed distributions' "
+           "top-level names, its models' import structure) remembered across starts, keyed on the files they "
+           "read (1); or scanned at every import (0)", LEVER, ("patches/common/transformers_import_memo.py",)),
     Switch("VLLM_OMNI_EDGE_LAZY_IMPORTS", "packages a CPU text model never runs (PyAV, OpenCV, "
            "scipy.signal, scipy.optimize) imported on first use, triton hidden on a CPU-only torch (1); "
            "or imported as vLLM does (0)", LEVER, ("patches/common/lazy_imports.py",)),

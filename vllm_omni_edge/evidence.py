@@ -104,6 +104,12 @@ def _tokenizer_tables() -> dict[str, int]:
     return tokenizer_tables.record()
 
 
+def _transformers_import_memo() -> dict[str, dict[str, int]]:
+    from vllm_omni_edge.patches.common import transformers_import_memo
+
+    return transformers_import_memo.record()
+
+
 def _tokenizer_copies() -> dict[str, int]:
     """Caches vLLM built for tokenizers in this process, and copies that reused one."""
     from vllm_omni_edge.patches.frontend import tokenizer_copies
@@ -248,6 +254,8 @@ def collect_worker_evidence(worker) -> dict:
         "processor_tokenizers": _processor_tokenizers(),
         # Tokenizers whose Python vocabulary/merges were dropped (patches/frontend/tokenizer_tables.py).
         "tokenizer_tables": _tokenizer_tables(),
+        # transformers' import scans answered from the memos or computed (patches/common/transformers_import_memo.py).
+        "transformers_import_memo": _transformers_import_memo(),
         # Caches built for tokenizers, and copies that reused one (patches/frontend/tokenizer_copies.py).
         "tokenizer_copies": _tokenizer_copies(),
         # Tokenizer loads read from files or answered from memory (patches/frontend/tokenizer_load_once.py).

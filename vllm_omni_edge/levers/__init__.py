@@ -46,6 +46,7 @@ WEIGHTS_CHECK_ENV = "VLLM_OMNI_EDGE_WEIGHTS_CHECK"
 PCH_MEMO_ENV = "VLLM_OMNI_EDGE_PCH_MEMO"
 KV_RESIDENT_ENV = "VLLM_OMNI_EDGE_KV_RESIDENT"
 LAZY_IMPORTS_ENV = "VLLM_OMNI_EDGE_LAZY_IMPORTS"
+IMPORT_MEMO_ENV = "VLLM_OMNI_EDGE_IMPORT_MEMO"
 
 
 LeverFlagError = envs.FlagError
@@ -149,6 +150,10 @@ def int4_prefill_mode() -> str:
 
 def lazy_imports_enabled() -> bool:
     return envs.get(LAZY_IMPORTS_ENV)
+
+
+def import_memo_enabled() -> bool:
+    return envs.get(IMPORT_MEMO_ENV)
 
 
 def heap_trim_enabled() -> bool:

@@ -7,6 +7,8 @@ a finder to ``sys.meta_path`` (no heavy import) and acts when its module is impo
 - ``torchvision_native_ops``: schemas torchvision's fake registrations need;
 - ``lazy_imports``: media, solver and client packages deferred to first use, triton hidden
   on a CPU-only torch (``VLLM_OMNI_EDGE_LAZY_IMPORTS=0`` turns it off);
+- ``transformers_import_memo``: transformers' import-time scans remembered across starts
+  (``VLLM_OMNI_EDGE_IMPORT_MEMO=0`` turns it off);
 - ``omni_plugin_by_model``: ``LLM()`` loads vLLM-Omni's general plugin only for its own
   architectures (vLLM loads the plugins before ours could install it).
 """
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 
 def install_interpreter_hooks() -> None:
-    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops
+    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops, transformers_import_memo
     from vllm_omni_edge.patches.frontend import omni_plugin_by_model
 
     lazy_imports.install()
+    transformers_import_memo.install()
     torchvision_native_ops.install()
     omni_plugin_by_model.apply()

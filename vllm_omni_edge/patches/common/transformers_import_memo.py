@@ -1,0 +1,198 @@
+"""transformers' two import-time scans remembered across starts, keyed on what they read.
+
+What: installed at interpreter start (``patches/early.py``), two memos on disk under the cache's
+``imports/`` directory:
+
+- ``importlib.metadata.packages_distributions()``, which ``transformers.utils.import_utils`` calls
+  in its module body (reading every installed distribution's file list): the mapping is kept
+  keyed on the ``.dist-info`` / ``.egg-info`` entries of ``sys.path`` (paths and mtimes);
+- ``transformers.utils.import_utils.define_import_structure`` for transformers' ``models``
+  directory, which ``transformers/__init__`` calls at import (reading every model file's source
+  for its ``__all__``): wrapped when that module has run, before ``transformers/__init__`` binds
+  the name; the structure is kept keyed on transformers' version and the directory's ``.py``
+  files (paths, sizes, mtimes). Other calls (a model package's own ``__init__``) go to
+  transformers' function.
+
+A memo that is missing, unreadable or for another key is recomputed by the original function
+and written whole (``atomic.py``); every call returns new objects, as a first call does.
+Why: together a few tenths of a second of every process that imports transformers (``vllm
+serve``, ``LLM()``, each vLLM worker) spent re-reading files that change only when packages are
+installed.
+Flag: ``VLLM_OMNI_EDGE_IMPORT_MEMO=0`` scans at every import, as transformers does (the A/B arm).
+Verified by: tests/test_transformers_import_memo.py (the same mapping and structure as the
+originals; a fresh interpreter answers from the memos; a changed key or a damaged memo
+recomputes; other calls untouched; the flag).
+Remove when: transformers stops scanning the installed distributions and its model sources at
+import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from vllm_omni_edge.levers import IMPORT_MEMO_ENV, import_memo_enabled
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import when_imported
+
+TARGET_MODULE = "transformers.utils.import_utils"
+MARKER = "__edge_import_memo__"
+MEMO_DIR = "imports"
+
+RECORD = PatchRecord(
+    name="transformers_import_memo",
+    kind=Kind.LEVER,
+    upstream="none found",
+    target="importlib.metadata.packages_distributions; "
+    f"{TARGET_MODULE}.define_import_structure (transformers' models directory)",
+    process=Process.WORKER,  # every interpreter that imports transformers
+    why="transformers' import reads every installed distribution's file list and every model "
+    "file's source, at every start, for results that change only when packages are installed.",
+    verified_by="tests/test_transformers_import_memo.py (same results as the originals; a fresh "
+    "interpreter answers from the memos; a changed key or damaged memo recomputes; the flag).",
+    remove_when="transformers stops scanning distributions and model sources at import.",
+)
+
+_lock = threading.Lock()
+_installed = False
+DISTRIBUTIONS, MODELS = "packages_distributions", "transformers_models"
+# Per memo: calls answered from it, calls computed (and the memo written).
+counts = {DISTRIBUTIONS: {"remembered": 0, "computed": 0}, MODELS: {"remembered": 0, "computed": 0}}
+
+
+def record() -> dict[str, dict[str, int]]:
+    return {name: dict(c) for name, c in counts.items()}
+
+
+def _memo_path(name: str) -> Path:
+    from vllm_omni_edge.cache_paths import cache_root
+
+    # One file per interpreter environment: venvs sharing a cache do not overwrite each other's.
+    environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return cache_root() / MEMO_DIR / f"{name}-{environment}.json"
+
+
+def _read(name: str, key: str):
+    try:
+        memo = json.loads(_memo_path(name).read_text())
+        if memo.get("key") == key:
+            return memo["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or unreadable: recompute
+    return None
+
+
+def _write(name: str, key: str, value) -> None:
+    from vllm_omni_edge.atomic import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(_memo_path(name), json.dumps({"key": key, "value": value}).encode())
+    except OSError:
+        pass  # a read-only cache costs only the memo
+
+
+def distributions_key(paths: list[str]) -> str:
+    """The installed distributions' metadata entries on ``paths`` (what packages_distributions reads)."""
+    digest = hashlib.sha256()
+    for entry in paths:
+        try:
+            with os.scandir(entry or ".") as it:
+                names = sorted((e.name, e.stat().st_mtime_ns) for e in it
+                               if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue  # not a directory (a zip, a missing path): nothing of it is read here
+        digest.update(json.dumps([entry, names]).encode())
+    return digest.hexdigest()
+
+
+def tree_key(root: Path, version: str) -> str:
+    """transformers' version and the ``.py`` files under ``root`` (paths, sizes, mtimes)."""
+    digest = hashlib.sha256(f"{version}\n{root}\n".encode())
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(directory, name))
+                digest.update(f"{directory}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _wrap_packages_distributions() -> None:
+    original = importlib.metadata.packages_distributions
+    if getattr(original, MARKER, False):
+        return
+
+    def packages_distributions():
+        key = distributions_key(list(sys.path))
+        value = _read(DISTRIBUTIONS, key)
+        if value is not None:
+            counts[DISTRIBUTIONS]["remembered"] += 1
+            return value
+        value = original()
+        _write(DISTRIBUTIONS, key, value)
+        counts[DISTRIBUTIONS]["computed"] += 1
+        return value
+
+    setattr(packages_distributions, MARKER, True)
+    packages_distributions.__wrapped__ = original
+    importlib.metadata.packages_distributions = packages_distributions
+
+
+def encode_structure(structure: dict) -> list:
+    return [[sorted(backends), {module: sorted(names) for module, names in modules.items()}]
+            for backends, modules in structure.items()]
+
+
+def decode_structure(encoded: list) -> dict:
+    return {frozenset(backends): {module: set(names) for module, names in modules.items()}
+            for backends, modules in encoded}
+
+
+def _wrap_define_import_structure(module) -> None:
+    original = module.define_import_structure
+    if getattr(original, MARKER, False):
+        return
+    models = Path(module.__file__).resolve().parent.parent / "models"
+    version = importlib.metadata.version("transformers")
+
+    def define_import_structure(module_path, prefix=None):
+        if prefix != "models" or Path(module_path).resolve() != models:
+            return original(module_path, prefix)
+        key = tree_key(models, version)
+        encoded = _read(MODELS, key)
+        if encoded is not None:
+            counts[MODELS]["remembered"] += 1
+            return decode_structure(encoded)
+        structure = original(module_path, prefix)
+        _write(MODELS, key, encode_structure(structure))
+        counts[MODELS]["computed"] += 1
+        return decode_structure(encode_structure(structure))  # new objects: the caller changes them
+
+    setattr(define_import_structure, MARKER, True)
+    define_import_structure.__wrapped__ = original
+    module.define_import_structure = define_import_structure
+
+
+def install() -> str:
+    """Cheap (imports nothing heavy); at interpreter start and by ``apply``."""
+    global _installed
+    with _lock:
+        if _installed:
+            return "memos already installed"
+        _installed = True
+        if not import_memo_enabled():
+            return f"{IMPORT_MEMO_ENV}=0: transformers scans at every import"
+        late = "transformers" in sys.modules
+        _wrap_packages_distributions()
+        when_imported(TARGET_MODULE, _wrap_define_import_structure)
+    return ("transformers' import scans remembered across starts"
+            + (" (transformers was already imported: from the next start)" if late else ""))
+
+
+def apply() -> str:
+    return install()
