@@ -57,6 +57,9 @@ def test_a_newly_installed_distribution_is_a_new_key(tmp_path):
     (site / "example-1.0.dist-info").mkdir()
     assert patch.distributions_key([str(site)]) != before
     assert patch.distributions_key([str(tmp_path / "missing"), str(site)]) == patch.distributions_key([str(site)])
+    empty = tmp_path / "scripts"  # a directory without distributions (a script's, the working one)
+    empty.mkdir()
+    assert patch.distributions_key([str(empty), str(site)]) == patch.distributions_key([str(site)])
 
 
 def test_the_models_structure_is_the_same_and_remembered(cache):
@@ -99,9 +102,15 @@ def test_a_changed_tree_or_a_damaged_memo_recomputes(cache, monkeypatch):
     module.define_import_structure(models, prefix="models")
     assert len(calls) == 1
     monkeypatch.setattr(patch, "tree_key", lambda root, version: "another")
+    module = _memo_module()  # a new process's module: the changed key is read from disk
+    module.define_import_structure = lambda path, prefix=None: calls.append(1) or {frozenset(): {"models.a": {"A"}}}
+    patch._wrap_define_import_structure(module)
     module.define_import_structure(models, prefix="models")
     assert len(calls) == 2
     patch._memo_path(patch.MODELS).write_text("{damaged")
+    module = _memo_module()
+    module.define_import_structure = lambda path, prefix=None: calls.append(1) or {frozenset(): {"models.a": {"A"}}}
+    patch._wrap_define_import_structure(module)
     assert module.define_import_structure(models, prefix="models") == {frozenset(): {"models.a": {"A"}}}
     assert len(calls) == 3
     assert json.loads(patch._memo_path(patch.MODELS).read_text())["key"] == "another"

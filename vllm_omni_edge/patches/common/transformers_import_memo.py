@@ -97,7 +97,10 @@ def _write(name: str, key: str, value) -> None:
 
 
 def distributions_key(paths: list[str]) -> str:
-    """The installed distributions' metadata entries on ``paths`` (what packages_distributions reads)."""
+    """The installed distributions' metadata entries on ``paths`` (what packages_distributions reads).
+
+    An entry without any (a script's directory, the working directory) is not part of the key.
+    """
     digest = hashlib.sha256()
     for entry in paths:
         try:
@@ -106,7 +109,8 @@ def distributions_key(paths: list[str]) -> str:
                                if e.name.endswith((".dist-info", ".egg-info")))
         except OSError:
             continue  # not a directory (a zip, a missing path): nothing of it is read here
-        digest.update(json.dumps([entry, names]).encode())
+        if names:
+            digest.update(json.dumps([os.path.abspath(entry or "."), names]).encode())
     return digest.hexdigest()
 
 
@@ -160,18 +164,24 @@ def _wrap_define_import_structure(module) -> None:
     models = Path(module.__file__).resolve().parent.parent / "models"
     version = importlib.metadata.version("transformers")
 
+    in_process: list = []  # the encoded structure once read or computed (transformers' __init__ runs twice)
+
     def define_import_structure(module_path, prefix=None):
         if prefix != "models" or Path(module_path).resolve() != models:
             return original(module_path, prefix)
-        key = tree_key(models, version)
-        encoded = _read(MODELS, key)
-        if encoded is not None:
+        if not in_process:
+            key = tree_key(models, version)
+            encoded = _read(MODELS, key)
+            if encoded is None:
+                encoded = encode_structure(original(module_path, prefix))
+                _write(MODELS, key, encoded)
+                counts[MODELS]["computed"] += 1
+            else:
+                counts[MODELS]["remembered"] += 1
+            in_process.append(encoded)
+        else:
             counts[MODELS]["remembered"] += 1
-            return decode_structure(encoded)
-        structure = original(module_path, prefix)
-        _write(MODELS, key, encode_structure(structure))
-        counts[MODELS]["computed"] += 1
-        return decode_structure(encode_structure(structure))  # new objects: the caller changes them
+        return decode_structure(in_process[0])  # new objects each call: the caller changes them
 
     setattr(define_import_structure, MARKER, True)
     define_import_structure.__wrapped__ = original
