@@ -161,12 +161,17 @@ def interleave_by_permute(qweight: torch.Tensor) -> torch.Tensor:
 
 @needs_op
 @pytest.mark.parametrize("N,K", [(16, 32), (32, 64), (48, 576), (64, 1536)])
-def test_interleave_op_is_the_permutation_of_the_16_row_layout(N, K):
+def test_interleave_is_the_permutation_of_the_16_row_layout(N, K):
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16
+
     qweight = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(N + K))
-    assert torch.equal(torch.ops.edge_cpu_int4.interleave_rows16(qweight), interleave_by_permute(qweight))
+    scales = torch.zeros(N, K // 32, dtype=torch.bfloat16)
+    kept = qweight.clone()
+    assert torch.equal(interleave_rows16(qweight, scales, scales)[0], interleave_by_permute(qweight))
+    assert torch.equal(qweight, kept)  # new tensors: the inputs are left as they were
     # A non-contiguous input is read as its values.
     wide = torch.cat([qweight, qweight], dim=1)[:, : K // 2]
-    assert torch.equal(torch.ops.edge_cpu_int4.interleave_rows16(wide), interleave_by_permute(qweight))
+    assert torch.equal(interleave_rows16(wide, scales, scales)[0], interleave_by_permute(qweight))
 
 
 @needs_op
@@ -197,19 +202,18 @@ def test_interleave_in_place_refuses_what_it_cannot_rearrange_by_name():
         op(q, s, torch.zeros(16, 1, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="distinct tensors"):
         op(q, s, s)
-    with pytest.raises(RuntimeError, match="N must be a multiple of 16, got N=24"):
-        op(torch.zeros(24, 16, dtype=torch.uint8), s[:24], s[:24].clone())
 
 
 @needs_op
 def test_interleave_op_refuses_bad_shapes_by_name():
-    op = torch.ops.edge_cpu_int4.interleave_rows16
+    op = torch.ops.edge_cpu_int4.interleave_rows16_inplace
+    s = torch.zeros(24, 1, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="N must be a multiple of 16, got N=24"):
-        op(torch.zeros(24, 16, dtype=torch.uint8))
+        op(torch.zeros(24, 16, dtype=torch.uint8), s, s.clone())
     with pytest.raises(RuntimeError, match="K must be a multiple of 32, got K=48"):
-        op(torch.zeros(16, 24, dtype=torch.uint8))
+        op(torch.zeros(16, 24, dtype=torch.uint8), s[:16], s[:16].clone())
     with pytest.raises(RuntimeError, match="must be uint8"):
-        op(torch.zeros(16, 16, dtype=torch.int32))
+        op(torch.zeros(16, 16, dtype=torch.int32), s[:16], s[:16].clone())
 
 
 @needs_op

@@ -28,7 +28,7 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
 
     Per tile of 16 rows and block of 32 k: 4 chunks of 64 bytes; byte 4j + i of chunk c
     holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble) (the C++ op
-    ``interleave_rows16``). Scales and offsets become [tile][group][16 rows].
+    ``interleave_rows16_inplace``). Scales and offsets become [tile][group][16 rows].
     """
     packed = qweight.clone(memory_format=torch.contiguous_format)
     scales = scales.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)

@@ -3,7 +3,7 @@
 // of 32 as w4a8_avx2.cpp (the same integer dot products, vpdpbusd instead of maddubs).
 //
 // Ops: w4a8_vnni_rows16_mm (a linear), w4a8_vnni_rows16_silu_mlp (down(silu(gate) * up) in one
-// call), interleave_rows16 (the stored layout to the 16-row one, at load), rows16_dequantize,
+// call), interleave_rows16_inplace (the stored layout to the 16-row one, at load), rows16_dequantize,
 // set_bf16_prefill and rows16_path_counts (the prefill path's setting and counters).
 // The vector functions carry their own target attribute, so the library still loads, and
 // w4a8_mm still runs, on AVX2-only CPUs; these ops refuse to run on a CPU without VNNI.
@@ -504,13 +504,6 @@ void check_interleave_shape(const char* op, const at::Tensor& qweight) {
   TORCH_CHECK(half_k % (kBlock / 2) == 0, op, ": K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
 }
 
-at::Tensor interleave_rows16(const at::Tensor& qweight) {
-  check_interleave_shape("interleave_rows16", qweight);
-  at::Tensor out = qweight.clone(at::MemoryFormat::Contiguous);
-  interleave_tiles_inplace(out.data_ptr<uint8_t>(), out.size(0), out.size(1));
-  return out;
-}
-
 // The stored triple rearranged into the 16-row layout in place (the kernel class at load: the
 // tensors it replaces are not kept). Scales and offsets: bf16 [N, groups] -> [tile][group][16 rows].
 void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tensor& offsets) {
@@ -537,7 +530,6 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
   m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
         "Tensor down_offsets, int down_group_size) -> Tensor");
-  m.def("interleave_rows16(Tensor qweight) -> Tensor");
   m.def("interleave_rows16_inplace(Tensor(a!) qweight, Tensor(b!) scales, Tensor(c!) offsets) -> ()");
   m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False) -> Tensor");
   m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
@@ -547,7 +539,6 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
-  m.impl("interleave_rows16", &interleave_rows16);
   m.impl("interleave_rows16_inplace", &interleave_rows16_inplace);
   m.impl("rows16_dequantize", &rows16_dequantize);
 }
