@@ -176,6 +176,25 @@ def test_chat_template_comes_from_the_metadata(plans):
     assert ids[:2] == [2, 4]  # <bos>, <start_of_turn>: control tokens matched whole
 
 
+@pytest.mark.parametrize("key", ["qwen2", "llama", "gemma3", "phi3"])
+def test_named_special_tokens_are_the_metadatas(plans, files, key):
+    """eos and pad as the file names them by id (transformers' BPE converter can name others)."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    reader = gguf.GGUFReader(str(files[key]))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    tok = AutoTokenizer.from_pretrained(str(plans[key].hf_dir), local_files_only=True)
+    checked = 0
+    for name, field in (("eos_token", "eos"), ("pad_token", "padding")):
+        if f"tokenizer.ggml.{field}_token_id" not in reader.fields:
+            continue
+        tid = reader.fields[f"tokenizer.ggml.{field}_token_id"].contents()
+        assert getattr(tok, name) == tokens[tid] and getattr(tok, f"{name}_id") == tid, name
+        checked += 1
+    assert checked  # every tiny file names its eos
+
+
 # ---------------------------------------------------------------------------
 # Refusals name what is not supported
 

@@ -551,6 +551,24 @@ def _field(reader, key: str, default=None):
     return default if fld is None else fld.contents()
 
 
+# The tokenizer's named special tokens and the metadata keys of their ids.
+SPECIAL_TOKEN_IDS = (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding"))
+# Those set on a tokenizer transformers built from a gpt2 (BPE) GGUF, whose converter can name
+# another token than the metadata does (SmolLM2: eos <|im_start|> for the file's <|im_end|>). Not
+# bos: llama.cpp's files name one (Qwen2.5: <|endoftext|>) where the Hugging Face tokenizer has none.
+BPE_NAMED_FROM_METADATA = (("eos_token", "eos"), ("pad_token", "padding"))
+
+
+def named_special_tokens(reader, tokens: list[str], names=SPECIAL_TOKEN_IDS) -> dict[str, str]:
+    """The special tokens the metadata names by id (``tokenizer.ggml.<key>_token_id``), as strings."""
+    named = {}
+    for name, key in names:
+        tid = _field(reader, f"tokenizer.ggml.{key}_token_id")
+        if tid is not None and 0 <= tid < len(tokens):
+            named[name] = tokens[tid]
+    return named
+
+
 def spm_tokenizer(reader):
     """A fast tokenizer equal to llama.cpp's SentencePiece one (``tokenizer.ggml.model == "llama"``).
 
@@ -591,11 +609,7 @@ def spm_tokenizer(reader):
                         if ty == _USER_DEFINED])
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types)
                                 if ty == _CONTROL])
-    named = {}
-    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"), ("pad_token", "padding")):
-        tid = _field(reader, f"tokenizer.ggml.{key}_token_id")
-        if tid is not None and 0 <= tid < len(tokens):
-            named[name] = tokens[tid]
+    named = named_special_tokens(reader, tokens, SPECIAL_TOKEN_IDS)
     add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token", True))
     if add_bos and "bos_token" in named:
         from tokenizers import processors
@@ -617,6 +631,9 @@ def _tokenizer(gguf_path: Path, meta: dict[str, Any], reader):
         elif kind == "gpt2":
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
                                                       local_files_only=True)
+            tokens = _field(reader, "tokenizer.ggml.tokens")
+            for name, token in named_special_tokens(reader, tokens, BPE_NAMED_FROM_METADATA).items():
+                setattr(tokenizer, name, token)
         else:
             raise UnsupportedCheckpointError(
                 f"{gguf_path}: tokenizer model {kind!r} is not supported (supported: llama, gpt2)")
