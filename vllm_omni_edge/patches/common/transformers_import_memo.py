@@ -37,7 +37,7 @@ import threading
 from pathlib import Path
 
 from vllm_omni_edge.levers import IMPORT_MEMO_ENV, import_memo_enabled
-from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "transformers.utils.import_utils"
@@ -127,24 +127,21 @@ def tree_key(root: Path, version: str) -> str:
 
 
 def _wrap_packages_distributions() -> None:
-    original = importlib.metadata.packages_distributions
-    if getattr(original, MARKER, False):
-        return
-
-    def packages_distributions():
-        key = distributions_key(list(sys.path))
-        value = _read(DISTRIBUTIONS, key)
-        if value is not None:
-            counts[DISTRIBUTIONS]["remembered"] += 1
+    def make(original):
+        def packages_distributions():
+            key = distributions_key(list(sys.path))
+            value = _read(DISTRIBUTIONS, key)
+            if value is not None:
+                counts[DISTRIBUTIONS]["remembered"] += 1
+                return value
+            value = original()
+            _write(DISTRIBUTIONS, key, value)
+            counts[DISTRIBUTIONS]["computed"] += 1
             return value
-        value = original()
-        _write(DISTRIBUTIONS, key, value)
-        counts[DISTRIBUTIONS]["computed"] += 1
-        return value
 
-    setattr(packages_distributions, MARKER, True)
-    packages_distributions.__wrapped__ = original
-    importlib.metadata.packages_distributions = packages_distributions
+        return packages_distributions
+
+    wrap_method_once(importlib.metadata, "packages_distributions", make, marker=MARKER)
 
 
 def encode_structure(structure: dict) -> list:
@@ -158,34 +155,31 @@ def decode_structure(encoded: list) -> dict:
 
 
 def _wrap_define_import_structure(module) -> None:
-    original = module.define_import_structure
-    if getattr(original, MARKER, False):
-        return
     models = Path(module.__file__).resolve().parent.parent / "models"
-    version = importlib.metadata.version("transformers")
 
-    in_process: list = []  # the encoded structure once read or computed (transformers' __init__ runs twice)
+    def make(original):
+        in_process: list = []  # the encoded structure once read or computed (transformers' __init__ runs twice)
 
-    def define_import_structure(module_path, prefix=None):
-        if prefix != "models" or Path(module_path).resolve() != models:
-            return original(module_path, prefix)
-        if not in_process:
-            key = tree_key(models, version)
-            encoded = _read(MODELS, key)
-            if encoded is None:
-                encoded = encode_structure(original(module_path, prefix))
-                _write(MODELS, key, encoded)
-                counts[MODELS]["computed"] += 1
+        def define_import_structure(module_path, prefix=None):
+            if prefix != "models" or Path(module_path).resolve() != models:
+                return original(module_path, prefix)
+            if not in_process:
+                key = tree_key(models, importlib.metadata.version("transformers"))
+                encoded = _read(MODELS, key)
+                if encoded is None:
+                    encoded = encode_structure(original(module_path, prefix))
+                    _write(MODELS, key, encoded)
+                    counts[MODELS]["computed"] += 1
+                else:
+                    counts[MODELS]["remembered"] += 1
+                in_process.append(encoded)
             else:
                 counts[MODELS]["remembered"] += 1
-            in_process.append(encoded)
-        else:
-            counts[MODELS]["remembered"] += 1
-        return decode_structure(in_process[0])  # new objects each call: the caller changes them
+            return decode_structure(in_process[0])  # new objects each call: the caller changes them
 
-    setattr(define_import_structure, MARKER, True)
-    define_import_structure.__wrapped__ = original
-    module.define_import_structure = define_import_structure
+        return define_import_structure
+
+    wrap_method_once(module, "define_import_structure", make, marker=MARKER)
 
 
 def install() -> str:

@@ -27,7 +27,7 @@ import copy
 import threading
 import weakref
 
-from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.base import Kind, PatchRecord, Process, wrap_method_once
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.tokenizers.hf"
@@ -82,28 +82,26 @@ def _remember(tokenizer, cached) -> None:
 
 
 def _wrap(module) -> None:
-    original = module.get_cached_tokenizer
-    if getattr(original, MARKER, False):
-        return
-
-    def get_cached_tokenizer(tokenizer, *args, **kwargs):
-        if not args and not kwargs:
+    def make(original):
+        def get_cached_tokenizer(tokenizer, *args, **kwargs):
+            if not args and not kwargs:
+                with _lock:
+                    cls = _reusable(tokenizer)
+                if cls is not None:
+                    reused = copy.copy(tokenizer)  # what vLLM's function starts from
+                    reused.__class__ = cls
+                    counts["reused"] += 1
+                    return reused
+            cached = original(tokenizer, *args, **kwargs)
             with _lock:
-                cls = _reusable(tokenizer)
-            if cls is not None:
-                reused = copy.copy(tokenizer)  # what vLLM's function starts from
-                reused.__class__ = cls
-                counts["reused"] += 1
-                return reused
-        cached = original(tokenizer, *args, **kwargs)
-        with _lock:
-            _remember(tokenizer, cached)
-            counts["built"] += 1
-        return cached
+                _remember(tokenizer, cached)
+                counts["built"] += 1
+            return cached
 
-    setattr(get_cached_tokenizer, MARKER, True)
-    get_cached_tokenizer.__wrapped__ = original
-    module.get_cached_tokenizer = get_cached_tokenizer
+        return get_cached_tokenizer
+
+    # A module attribute, not a method; its own marker beside tokenizer_tables' wrapper below it.
+    wrap_method_once(module, "get_cached_tokenizer", make, marker=MARKER)
 
 
 def apply() -> str:
