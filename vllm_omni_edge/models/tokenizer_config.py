@@ -2,8 +2,8 @@
 
 transformers 5 saves a fast tokenizer's config without ``added_tokens_decoder`` (the tokens are in
 ``tokenizer.json``), and its loader then parses the whole ``tokenizer.json`` an extra time to find
-them (its legacy branch), before the parse that builds the tokenizer: for Qwen2.5's 11 MB file a
-few tenths of a second at every start. Written here into the checkpoints we make (a GGUF's
+them (its legacy branch), before the parse that builds the tokenizer: for a large vocabulary such
+as Qwen2.5's, a visible part of every start. Written here into the checkpoints we make (a GGUF's
 conversion, cpu_int4 builds): the same entries the legacy branch reads, so the loaded tokenizer is
 the same.
 """

@@ -15,8 +15,8 @@ What: installed at interpreter start (``patches/early.py``), two memos on disk u
 
 A memo that is missing, unreadable or for another key is recomputed by the original function
 and written whole (``atomic.py``); every call returns new objects, as a first call does.
-Why: together a few tenths of a second of every process that imports transformers (``vllm
-serve``, ``LLM()``, each vLLM worker) spent re-reading files that change only when packages are
+Why: together about half of ``import transformers`` in every process that imports it (``vllm
+serve``, ``LLM()``, each vLLM worker), spent re-reading files that change only when packages are
 installed.
 Flag: ``VLLM_OMNI_EDGE_IMPORT_MEMO=0`` scans at every import, as transformers does (the A/B arm).
 Verified by: tests/test_transformers_import_memo.py (the same mapping and structure as the

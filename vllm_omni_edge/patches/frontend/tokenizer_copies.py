@@ -10,8 +10,9 @@ with the class vLLM built the first time (closures over the same values): the ob
 build, without building it again. Anything else, a deep copy included (a new underlying
 tokenizer), goes to vLLM's function.
 Why: the server's start makes two such copies of the tokenizer it loaded (``HfRenderer.__init__``
-and ``maybe_make_thread_pool``), each a full ``get_vocab()`` and scan of the vocabulary: for
-Qwen2.5's 151,936 tokens ~0.15 s each on the start path of ``vllm serve`` and ``LLM()``.
+and ``maybe_make_thread_pool``), each a full ``get_vocab()`` and scan of the vocabulary, on the
+start path of ``vllm serve`` and ``LLM()``: for a large vocabulary such as Qwen2.5's, a visible
+part of the start (docs/edge/what-changes.md).
 Flag: ``VLLM_OMNI_EDGE_TOKENIZER_COPIES=rebuild`` recomputes at every copy, as vLLM does (the A/B
 arm); default ``reuse``.
 Verified by: tests/test_tokenizer_copies.py (a copy reuses the cache and is a new object with the
@@ -39,7 +40,7 @@ RECORD = PatchRecord(
     target=f"{TARGET_MODULE}.get_cached_tokenizer (CachedTokenizer.__reduce__ copies through it)",
     process=Process.FRONTEND,  # tokenizers live where requests are rendered: LLM(), the API server
     why="Each copy of a vLLM cached tokenizer recomputes the cache of the same tokenizer object "
-    "(vocabulary dict, special ids, length); the server's start makes two (Qwen2.5: ~0.15 s each).",
+    "(vocabulary dict, special ids, length); the server's start makes two, on its start path.",
     verified_by="tests/test_tokenizer_copies.py; evidence tokenizer_copies in the process record.",
     remove_when="vLLM's CachedTokenizer copies without recomputing its cache.",
     upstream="none found",
