@@ -147,3 +147,13 @@ def test_the_flag_leaves_transformers_alone(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_IMPORT_MEMO", "0")
     assert "=0" in patch.install()
     assert patch.install() == "memos already installed"
+
+
+def test_another_transformers_major_is_left_alone(monkeypatch):
+    module = _memo_module()
+    original = module.define_import_structure
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.0", raising=False)
+    monkeypatch.setattr(patch, "skipped", [])
+    patch._wrap_define_import_structure(module)
+    assert module.define_import_structure is original
+    assert patch.skipped == ["transformers 4.57.0: its import structure is not remembered (written for 5.x)"]

@@ -11,7 +11,7 @@ What: installed at interpreter start (``patches/early.py``), two memos on disk u
   for its ``__all__``): wrapped when that module has run, before ``transformers/__init__`` binds
   the name; the structure is kept keyed on transformers' version and the directory's ``.py``
   files (paths, sizes, mtimes). Other calls (a model package's own ``__init__``) go to
-  transformers' function.
+  transformers' function; with a transformers other than 5.x it is not wrapped.
 
 A memo that is missing, unreadable or for another key is recomputed by the original function
 and written whole (``atomic.py``); every call returns new objects, as a first call does.
@@ -63,6 +63,9 @@ _installed = False
 DISTRIBUTIONS, MODELS = "packages_distributions", "transformers_models"
 # Per memo: calls answered from it, calls computed (and the memo written).
 counts = {DISTRIBUTIONS: {"remembered": 0, "computed": 0}, MODELS: {"remembered": 0, "computed": 0}}
+
+
+skipped: list[str] = []  # why a memo was not installed in this process
 
 
 def record() -> dict[str, dict[str, int]]:
@@ -154,7 +157,17 @@ def decode_structure(encoded: list) -> dict:
             for backends, modules in encoded}
 
 
+# transformers' major version whose import structure (``define_import_structure`` of its models
+# directory at import, frozenset keys) this memo was written for; another one is left alone.
+TRANSFORMERS_MAJOR = "5."
+
+
 def _wrap_define_import_structure(module) -> None:
+    version = getattr(sys.modules.get("transformers"), "__version__", "")  # set before it imports utils
+    if not version.startswith(TRANSFORMERS_MAJOR):
+        skipped.append(f"transformers {version or '?'}: its import structure is not remembered "
+                       f"(written for {TRANSFORMERS_MAJOR}x)")
+        return
     models = Path(module.__file__).resolve().parent.parent / "models"
 
     def make(original):
