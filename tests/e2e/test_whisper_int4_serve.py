@@ -23,10 +23,12 @@ from tests.e2e.test_whisper_serve import FIXTURE_WER_MAX, text_of
 from tests.e2e.test_whisper_serve import transcribe as post_transcription
 from tests.speech import sentences, wav, wer
 from vllm_omni_edge.cli.demo import ServerProcess, free_port
+from vllm_omni_edge.quantization.group_codes import superblock_groups
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SERVED = "whisper-int4"
+ROWS16 = "avx512_w4a8_rows16"
 # The bound is the float checkpoint's (tests/e2e/test_whisper_serve.py): 4-bit weights must not
 # cost a transcript more than the float model is allowed. The per-fixture transcripts of both are
 # in docs/edge/speech.md; a quantization that broke a layer (a shard in the wrong rows, a k bias
@@ -93,16 +95,21 @@ def test_every_whisper_linear_and_the_head_ran_on_a_cpu_int4_kernel(server):
     layout = KERNEL_LAYOUTS.get(head, LAYOUT_STORED)
     worker = _worker(server)
     assert worker["quantization"] == "cpu_int4"
+    # The server runs with no flags: rows16 layers keep 8-bit group codes (the lever's default).
+    coded = (linears if routed(d) == ROWS16 else 0) + (head == ROWS16)
     assert worker["cpu_int4_kernels"] == {f"linear:{routed(d)}": linears, f"lm_head:{head}": 1,
-                                          f"embedding:gather_{layout}": 1, "fallback": 0, "dense_prefill_copy": 0}
+                                          f"embedding:gather_{layout}": 1, "fallback": 0, "dense_prefill_copy": 0,
+                                          "group_codes": coded}
     assert worker["cpu_int4_other_layers"] == []
     by_dtype = worker["weights_bytes_by_dtype"]
-    # The weights at 4 bits (half a byte each) are the only uint8 tensors: self-attention q/k/v/out
-    # (4 d x d), cross-attention's four more in the decoder, fc1 and fc2 (2 d x ffn), and the
-    # vocabulary matrix once.
+    # The weights at 4 bits (half a byte each) are the only uint8 tensors, with the rows16 layers'
+    # group codes (two bytes a group): self-attention q/k/v/out (4 d x d), cross-attention's four
+    # more in the decoder, fc1 and fc2 (2 d x ffn), and the vocabulary matrix once.
     enc, dec, ffn = config["encoder_layers"], config["decoder_layers"], config["encoder_ffn_dim"]
-    weights = enc * (4 * d * d + 2 * d * ffn) + dec * (8 * d * d + 2 * d * ffn) + _padded_vocab(config) * d
-    assert by_dtype.get("uint8", 0) == weights // 2, by_dtype
+    layer_weights = enc * (4 * d * d + 2 * d * ffn) + dec * (8 * d * d + 2 * d * ffn)
+    vocab_weights = _padded_vocab(config) * d
+    codes = 2 * ((layer_weights if routed(d) == ROWS16 else 0) + (vocab_weights if head == ROWS16 else 0)) // g
+    assert by_dtype.get("uint8", 0) == (layer_weights + vocab_weights) // 2 + codes, by_dtype
 
 
 def test_the_vocabulary_matrix_is_resident_once_in_4_bits(server):
@@ -112,9 +119,16 @@ def test_the_vocabulary_matrix_is_resident_once_in_4_bits(server):
     d, g, rows = config["d_model"], config["quantization_config"]["group_size"], _padded_vocab(config)
     worker = _worker(server)
     by_class = worker["weights_bytes_by_class"]
-    # The embedding's triple (4-bit rows, a bf16 scale and offset per group), which the head shares:
-    # counted once, under the embedding, and nothing under the head.
-    assert by_class.get("embedding") == rows * d // 2 + 2 * rows * (d // g) * 2, by_class
+    # The embedding's triple (4-bit rows, a scale and offset per group: bf16, or on rows16 one-byte
+    # codes with bf16 factors per superblock), which the head shares: counted once, under the
+    # embedding, and nothing under the head.
+    groups = d // g
+    head_kernel = next(k.split(":", 1)[1] for k in worker["cpu_int4_kernels"] if k.startswith("lm_head:"))
+    if head_kernel == ROWS16:  # the server runs with no flags: 8-bit group codes
+        per_row = 2 * groups + 2 * (groups // superblock_groups(groups)) * 2
+    else:
+        per_row = 2 * groups * 2
+    assert by_class.get("embedding") == rows * d // 2 + rows * per_row, by_class
     assert by_class.get("head", 0) == 0, by_class
     # No float copy: neither vLLM's oneDNN prepack of an unquantized head nor an embedding table.
     assert worker["heads_prepacked_names"] == [] and worker["embeddings_prepacked"] == 0

@@ -24,3 +24,26 @@ def int4_layer(N: int, K: int, group_size: int, act_dtype: torch.dtype, seed: in
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+
+def resident_groups(layer: torch.nn.Module, qweight: torch.Tensor, scales: torch.Tensor,
+                    zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-group scales and offsets (fp32) a processed layer computes with, from the stored
+    triple it was loaded with: the 8-bit group codes' values where its kernel keeps them (rows16
+    with ``group_factors``), else the stored values."""
+    from vllm_omni_edge.quantization import group_codes
+
+    if "group_factors" in layer._parameters:
+        return group_codes.decode(*group_codes.encode(scales, zeros, qweight))
+    return scales.float(), zeros.float()
+
+
+def resident_dequantize(layer: torch.nn.Module, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weights a processed layer computes with, from the stored triple it was loaded with."""
+    from vllm_omni_edge.quantization import group_codes
+
+    if "group_factors" in layer._parameters:
+        return group_codes.dequantize(qweight, *group_codes.encode(scales, zeros, qweight), dtype=dtype)
+    return int4.dequantize(qweight, scales, zeros, dtype=dtype)

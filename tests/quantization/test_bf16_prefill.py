@@ -3,7 +3,8 @@
 The rows16 ops (``w4a8_vnni_rows16_mm`` and the fused ``w4a8_vnni_rows16_silu_mlp``) take,
 from ``set_bf16_prefill``'s row count up, a path that dequantizes blocks of weight rows to
 bf16 and multiplies them with at::mm. Its weights must be exactly ``int4.dequantize``'s, so
-its output differs from the dense product only by the GEMM's bf16 rounding; the branch must
+its output differs from the dense product only by the GEMM's bf16 rounding (with 8-bit group
+codes, ``group_codes.dequantize``'s weights, exactly); the branch must
 sit inside the op, so a graph compiled once takes both paths.
 """
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.quantization.helpers import int4_layer, relative_error
+from tests.quantization.helpers import int4_layer, relative_error, resident_dequantize
 from vllm_omni_edge.quantization import evidence, int4
 from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures, native
 from vllm_omni_edge.quantization.kernels import w4a8_avx512
@@ -60,7 +61,7 @@ def bf16_rows(M, K, seed=1):
 
 def op(layer, x):
     return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm(x, layer.qweight, layer.scales, layer.zeros,
-                                                        layer.int4_group_size)
+                                                        layer.int4_group_size, w4a8_avx512.group_factors(layer))
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["native-bf16", "portable"])
@@ -78,7 +79,7 @@ def test_dequantized_blocks_are_exactly_the_stored_weights(N, K, g, portable):
 @pytest.mark.parametrize("N,K,g,block_bytes", [(16, 64, 32, 1 << 20), (48, 512, 64, 1), (32, 8960, 32, 1 << 20)])
 def test_prefill_is_the_bf16_product_of_the_dequantized_weights(prefill_from, N, K, g, block_bytes):
     layer, stored = rows16_layer(N, K, g)
-    dense = int4.dequantize(*stored, dtype=torch.bfloat16)
+    dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)  # the 8-bit group codes' weights
     x = bf16_rows(ROWS + 3, K)
     prefill_from(ROWS, block_bytes)
     out = op(layer, x)
@@ -185,5 +186,5 @@ def test_no_dense_weight_is_kept(prefill_from):
     layer, _ = rows16_layer(32, 256, 32)
     prefill_from(ROWS)
     op(layer, bf16_rows(ROWS, 256))
-    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
-    assert layer.qweight.dtype == torch.uint8
+    assert sorted(n for n, _ in layer.named_parameters()) == ["group_factors", "qweight", "scales", "zeros"]
+    assert layer.qweight.dtype == layer.scales.dtype == layer.zeros.dtype == torch.uint8

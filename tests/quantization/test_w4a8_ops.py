@@ -19,9 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.quantization.helpers import int4_layer, relative_error
+from tests.quantization.helpers import int4_layer, relative_error, resident_groups
 from vllm_omni_edge.cache_paths import CACHE_ENV
-from vllm_omni_edge.quantization import int4
+from vllm_omni_edge.levers import INT4_GROUP_CODES_ENV
+from vllm_omni_edge.quantization import group_codes, int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
@@ -37,10 +38,22 @@ needs_op = pytest.mark.skipif(not LOADED, reason=f"avx2_w4a8 op unavailable: {WH
 VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True)
 needs_vnni = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
+
+
+class Rows16StoredGroups(Avx512VnniRows16W4A8Kernel):
+    """The rows16 kernel keeping the stored bf16 scales and offsets (its lever's other value)."""
+
+    def process_weights(self, layer):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(INT4_GROUP_CODES_ENV, "bf16")
+            super().process_weights(layer)
+
+
 # Every variant of the op, each where this CPU runs it.
 W4A8_KERNELS = [
     pytest.param(Avx2W4A8Kernel, id="avx2"),
     pytest.param(Avx512VnniRows16W4A8Kernel, id="vnni-rows16", marks=needs_vnni),
+    pytest.param(Rows16StoredGroups, id="vnni-rows16-bf16-groups", marks=needs_vnni),
 ]
 
 # Against the model of the op: fp32 accumulation order differs, nothing else
@@ -89,13 +102,14 @@ def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
 @pytest.mark.parametrize("N,K,g", SHAPES)
 @pytest.mark.parametrize("M", [1, 3, 4, 9])
 def test_matches_model_of_op_and_exact_product(N, K, g, M, kernel_cls):
-    if kernel_cls is Avx512VnniRows16W4A8Kernel and N % 16:
+    if issubclass(kernel_cls, Avx512VnniRows16W4A8Kernel) and N % 16:
         ok, why = kernel_cls.can_implement(CpuFeatures.detect(), g, K, N, torch.float32, float_zero=True)
         assert not ok and f"multiple of 16, got N={N}" in why
         return
-    out, x, layer, weight, stored = run(N, K, g, M, kernel_cls=kernel_cls)
+    out, x, layer, weight, (qweight, scales, zeros) = run(N, K, g, M, kernel_cls=kernel_cls)
     assert out.shape == (M, N) and out.dtype == torch.float32
-    assert relative_error(out, model_of_op(x, *stored)) < MODEL_TOLERANCE
+    # The model of the op on the scales and offsets the layer keeps (8-bit group codes on rows16).
+    assert relative_error(out, model_of_op(x, qweight, *resident_groups(layer, qweight, scales, zeros))) < MODEL_TOLERANCE
     assert relative_error(out, F.linear(x, weight)) < EXACT_TOLERANCE
 
 
@@ -132,8 +146,31 @@ def test_avx2_runs_on_the_stored_weights_without_a_copy():
 
 @needs_op
 @needs_vnni
-def test_rows16_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
-    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Avx512VnniRows16W4A8Kernel)
+def test_rows16_keeps_8bit_group_codes_by_default_and_rearranges_the_weights_in_their_memory():
+    _, _, layer, _, (qweight, scales, zeros) = run(48, 576, 32, 1, kernel_cls=Avx512VnniRows16W4A8Kernel)
+    assert sorted(n for n, _ in layer.named_parameters()) == ["group_factors", "qweight", "scales", "zeros"]
+    assert layer.qweight.data_ptr() == layer.loaded_at[0]  # in place: no second weight-sized buffer
+    assert layer.scales.dtype == layer.zeros.dtype == torch.uint8 and layer.scales.shape == scales.shape
+    G = scales.shape[1]
+    sb = group_codes.superblock_groups(G)
+    assert sb == 6 and layer.group_factors.shape == (48, 2 * (G // sb))
+    # The op's codes are group_codes.encode's, in the tile layout: [tile][group][16 rows] and
+    # [tile][superblock][D, M][16 rows].
+    scale_codes, offset_codes, factors = group_codes.encode(scales, zeros, qweight)
+    tile = lambda t: t.reshape(3, 16, -1).transpose(1, 2).reshape(48, -1)  # noqa: E731
+    assert torch.equal(layer.scales, tile(scale_codes)) and torch.equal(layer.zeros, tile(offset_codes))
+    f = factors.reshape(3, 16, G // sb, 2).permute(0, 2, 3, 1).reshape(48, -1)
+    assert torch.equal(layer.group_factors.view(torch.int16), f.view(torch.int16))
+    # The weights are the same 4-bit codes, rearranged as in the bf16 arm below.
+    byte = layer.qweight.reshape(-1)[1 * 16 * 288 + 2 * 256 + 3 * 64 + 4 * 5 + 2]
+    q = int4.unpack_nibbles(qweight)
+    assert byte & 0x0F == q[21, 90] and byte >> 4 == q[21, 94]
+
+
+@needs_op
+@needs_vnni
+def test_rows16_with_stored_groups_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
+    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Rows16StoredGroups)
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
     for now, was, at in zip((layer.qweight, layer.scales, layer.zeros), (qweight, scales, zeros.bfloat16()),
                             layer.loaded_at):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from tests.quantization.helpers import relative_error
+from tests.quantization.helpers import relative_error, resident_dequantize
 from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError
 from vllm_omni_edge.quantization import builder, evidence, int4
 from vllm_omni_edge.quantization.builder import CheckpointBuildError, build_cpu_int4_checkpoint
@@ -378,7 +378,7 @@ def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_wh
     assert counts[f"embedding:gather_{layout}"] == 1, counts
     assert counts[f"lm_head:{head.int4_kernel.name}"] == 1 and counts["fallback"] == 0, counts
     if layout in ("stored", "rows16") and head.int4_kernel.name in ("avx2_w4a8", "avx512_w4a8_rows16"):
-        for name in ("qweight", "scales", "zeros"):
+        for name, _ in head.named_parameters():
             assert getattr(embed, name).untyped_storage().data_ptr() == getattr(head, name).untyped_storage().data_ptr()
     vocab = model.config.vocab_size
     float_vocab = [t.shape for t in _storages(model).values()
@@ -388,7 +388,7 @@ def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_wh
     assert not hasattr(head, "cpu_linear") and "weight" not in embed._parameters
 
     tensors = load_file(str(out / "model.safetensors"))
-    exact = int4.dequantize(*(tensors[f"{EMBED}.{s}"] for s in ("qweight", "scales", "zeros")))
+    exact = resident_dequantize(head, *(tensors[f"{EMBED}.{s}"] for s in ("qweight", "scales", "zeros")))
     ids, hidden = _decoder_hidden(vocab)
     assert torch.equal(model.embed_input_ids(ids), exact[ids])  # lookups: bit for bit
     logits = model.compute_logits(hidden)
@@ -407,7 +407,8 @@ def test_vllm_whisper_quantized_at_load_shares_one_4bit_matrix(tiny_whisper, loa
     assert "weight" not in embed._parameters and "weight" not in head._parameters
     assert embed.qweight.untyped_storage().data_ptr() == head.qweight.untyped_storage().data_ptr()
     source = load_file(str(tiny_whisper / "model.safetensors"))[f"{EMBED}.weight"].float()
-    exact = int4.dequantize(*int4.quantize(source, int4.DEFAULT_GROUP_SIZE))  # rows quantize independently
+    # rows quantize independently; the lookup reads the head's resident weights
+    exact = resident_dequantize(head, *int4.quantize(source, int4.DEFAULT_GROUP_SIZE))
     ids, hidden = _decoder_hidden(model.config.vocab_size)
     assert torch.equal(model.embed_input_ids(ids), exact[ids])
     assert relative_error(model.compute_logits(hidden), F.linear(hidden, exact)) < kernel_tolerance()

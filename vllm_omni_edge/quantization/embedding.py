@@ -32,7 +32,7 @@ from vllm.model_executor.parameter import GroupQuantScaleParameter, PackedvLLMPa
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_omni_edge.log import get_logger
-from vllm_omni_edge.quantization import evidence
+from vllm_omni_edge.quantization import evidence, group_codes
 from vllm_omni_edge.quantization.int4 import (
     DEFAULT_ZERO_POINT,
     SCALE_DTYPE,
@@ -63,12 +63,14 @@ def _gather_stored(ids, qweight, scales, zeros):
     return values.reshape(ids.shape[0], -1), scales.index_select(0, ids), zeros.index_select(0, ids)
 
 
-def _gather_rows16(ids, qweight, scales, zeros):
+def _gather_rows16(ids, qweight, scales, zeros, factors=None):
     """The same from ``interleave_rows16``'s layout.
 
     A tile of 16 rows is 16 * K/2 contiguous bytes: K/8 chunks of 16 rows x 4 bytes,
     byte i of row j in chunk m holding k = 8m + i (low nibble) and 8m + 4 + i (high).
-    Scales and offsets are [tile][group][16 rows].
+    Scales and offsets are [tile][group][16 rows]: bf16 values, or (with ``factors``,
+    [tile][superblock][D, M][16 rows]) 8-bit group codes, decoded here to fp32
+    (``group_codes.decode``).
     """
     n, half = qweight.shape
     groups = scales.shape[1]
@@ -77,24 +79,33 @@ def _gather_rows16(ids, qweight, scales, zeros):
     values = torch.stack((q & 0x0F, q >> 4), dim=-2)  # [T, K/8, 2, 4]: k = 8m + 4 * nibble + i
     s = scales.view(n // TILE_ROWS, groups, TILE_ROWS)[tile, :, row]
     z = zeros.view(n // TILE_ROWS, groups, TILE_ROWS)[tile, :, row]
+    if factors is not None:
+        supers = factors.shape[1] // 2
+        f = factors.view(n // TILE_ROWS, supers, 2, TILE_ROWS)[tile, :, :, row]  # [T, S, 2]
+        s, z = group_codes.decode(s, z, f)
     return values.reshape(ids.shape[0], -1), s, z
 
 
 def lookup(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-           layout: str = LAYOUT_STORED, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+           layout: str = LAYOUT_STORED, dtype: torch.dtype = torch.bfloat16,
+           factors: torch.Tensor | None = None) -> torch.Tensor:
     """Embedding rows for token ``ids`` (any shape) -> [*ids.shape, K] in ``dtype``.
 
     Computed as ``int4.dequantize`` does (fp32, one rounding to ``dtype``), so the
-    result equals ``dequantize(stored)[ids]`` bit for bit.
+    result equals ``dequantize(stored)[ids]`` bit for bit (with 8-bit group codes, the
+    rows16 layout's ``factors``: ``group_codes.dequantize``'s rows).
     """
     flat = ids.reshape(-1)
-    gather = _gather_rows16 if layout == LAYOUT_ROWS16 else _gather_stored
-    values, s, z = gather(flat, qweight, scales, zeros)
+    if layout == LAYOUT_ROWS16:
+        values, s, z = _gather_rows16(flat, qweight, scales, zeros, factors)
+    else:
+        values, s, z = _gather_stored(flat, qweight, scales, zeros)
+    float_zero = factors is not None or has_float_zero(z)
     t, k = values.shape
     groups = s.shape[1]
     q = values.reshape(t, groups, k // groups).float()
     s, zf = s.float().unsqueeze(-1), z.float().unsqueeze(-1)
-    w = q * s + zf if has_float_zero(z) else (q - zf) * s
+    w = q * s + zf if float_zero else (q - zf) * s
     return w.reshape(*ids.shape, k).to(dtype)
 
 
@@ -192,7 +203,7 @@ class CpuInt4EmbeddingMethod(QuantizeMethodBase):
         if self.fmt == "int8":
             return lookup_int8(input_, layer.qweight, layer.scales, layer.int4_act_dtype)
         return lookup(input_, layer.qweight, layer.scales, layer.zeros, layer.int4_embed_layout,
-                      layer.int4_act_dtype)
+                      layer.int4_act_dtype, layer._parameters.get("group_factors"))
 
     def apply(self, layer, x, bias=None):
         raise RuntimeError("a cpu_int4 input embedding only does lookups")
@@ -226,9 +237,10 @@ def share_with_embedding(head: torch.nn.Module, embed: torch.nn.Module, kernel_n
         set_weight(embed, "weight", None)  # online: the bf16 table the head was quantized from
     layout = KERNEL_LAYOUTS.get(kernel_name)
     if layout is not None:
-        for name in TRIPLE:
+        for name in TRIPLE + ("group_factors",):
             embed._parameters.pop(name, None)
-            embed.register_parameter(name, head._parameters[name])
+            if name in head._parameters:
+                embed.register_parameter(name, head._parameters[name])
         reason = f"tied: reads lm_head's {kernel_name} bytes ({layout} layout), one copy"
     else:
         for name, t in zip(TRIPLE, stored):

@@ -1,10 +1,10 @@
 """Which kernel each cpu_int4 layer runs on, in this process (the model worker).
 
 ``kernel_counts()`` -> ``{"linear:int4pack": 210, "lm_head:int4pack": 1, "fallback": 0,
-"dense_prefill_copy": 0}``.
-"fallback" counts layers on the slow dequantize-per-call kernel; layers left
-unquantized (online quantization of a shape the format cannot hold) count as
-"<kind>:unquantized". When every layer the config handed a method to has been
+"dense_prefill_copy": 0, "group_codes": 0}``.
+"fallback" counts layers on the slow dequantize-per-call kernel, "group_codes" those whose
+scales and offsets the kernel keeps as 8-bit codes (``group_codes.py``); layers left unquantized
+(online quantization of a shape the format cannot hold) count as "<kind>:unquantized". When every layer the config handed a method to has been
 processed, one INFO line summarises the choices.
 
 ``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196}``: calls of the rows16 ops in this
@@ -33,6 +33,7 @@ class LayerChoice:
     out_features: int
     group_size: int | None
     dense_prefill_copy: bool = False  # a second, dense layout kept for prefill
+    group_codes: bool = False  # scales and offsets kept as 8-bit codes (quantization/group_codes.py)
 
 
 _lock = threading.Lock()
@@ -63,7 +64,9 @@ def kernel_counts() -> dict[str, int]:
         counts = Counter(f"{c.kind}:{c.kernel}" for c in _choices.values())
         fallback = sum(c.kernel == "dequant" for c in _choices.values())
         dense = sum(c.dense_prefill_copy for c in _choices.values())
-    return {**dict(sorted(counts.items())), "fallback": fallback, "dense_prefill_copy": dense}
+        codes = sum(c.group_codes for c in _choices.values())
+    return {**dict(sorted(counts.items())), "fallback": fallback, "dense_prefill_copy": dense,
+            "group_codes": codes}
 
 
 def layer_choices() -> list[dict]:

@@ -165,7 +165,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         del stored
         evidence.record(
             evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g,
-                                 dense_prefill_copy=hasattr(layer, "dense_weight"))
+                                 dense_prefill_copy=hasattr(layer, "dense_weight"),
+                                 group_codes="group_factors" in layer._parameters)
         )
         layer._already_called_process_weights_after_loading = True
 

@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_omni_edge.quantization import int4
     from vllm_omni_edge.quantization.kernels import native
-    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import PREFILL_BLOCK_BYTES, interleave_rows16
+    from vllm_omni_edge.levers import int4_group_codes
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import (
+        PREFILL_BLOCK_BYTES,
+        interleave_rows16,
+        rows16_group_codes,
+    )
 
     loaded, why = native.load_library()
     if not loaded:
@@ -56,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     layers = []
     for name, K, N in LAYER:
         q, s, z = int4.quantize(torch.randn(N, K, generator=gen) * 0.05, GROUP)
-        layers.append((name, K, interleave_rows16(q, s, z), int4.dequantize(q, s, z, dtype=torch.bfloat16)))
+        # The resident form the product keeps (8-bit group codes unless the lever says bf16).
+        if int4_group_codes():
+            packed, *codes = rows16_group_codes(q, s, z)
+            args_of = (packed, codes[0], codes[1], GROUP, codes[2])
+        else:
+            args_of = (*interleave_rows16(q, s, z), GROUP)
+        layers.append((name, K, args_of, int4.dequantize(q, s, z, dtype=torch.bfloat16)))
 
     def layer_ms(M: int, arm: str, block_bytes: int = PREFILL_BLOCK_BYTES) -> float:
         total = 0.0
@@ -67,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             if arm == "dense":
                 torch.mm(x, dense.t())
             else:
-                ops.w4a8_vnni_rows16_mm(x, *packed, GROUP)
+                ops.w4a8_vnni_rows16_mm(x, *packed)
             total += clock() - t0
         return total * 1e3
 

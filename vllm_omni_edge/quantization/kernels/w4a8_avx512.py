@@ -4,6 +4,9 @@
 integer math as ``avx2_w4a8`` (int8 activations per 32, unsigned 4-bit weights, exact float
 offset term) with ``vpdpbusd``, on the stored triple rearranged once at load. The same op
 prefills on a bf16 GEMM from that layout where the CPU has AMX (``VLLM_OMNI_EDGE_INT4_PREFILL``).
+Each group's scale and offset are kept as one-byte codes under bf16 factors per superblock of
+groups (``quantization/group_codes.py``; ``VLLM_OMNI_EDGE_INT4_GROUP_CODES=bf16`` keeps the
+stored bf16 pair): fewer bytes read a token, the weights ``group_codes.dequantize`` gives.
 ``silu_mlp`` runs a gated SiLU MLP whose two linears are on this kernel as one op
 (``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp``; ``patches/worker/fused_silu_mlp.py`` uses it).
 """
@@ -13,8 +16,8 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge.cpu_features import CpuFeatures, cpu_flags
-from vllm_omni_edge.levers import int4_prefill_mode
-from vllm_omni_edge.quantization.kernels.base import as_2d, keep_dense_copy_if_asked, set_weight
+from vllm_omni_edge.levers import int4_group_codes, int4_prefill_mode
+from vllm_omni_edge.quantization.kernels.base import as_2d, dense_prefill, keep_dense_copy_if_asked, set_weight
 from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
 
 # What the op's target attribute asks of the CPU (Linux /proc/cpuinfo names).
@@ -35,6 +38,16 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
     offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
     torch.ops.edge_cpu_int4.interleave_rows16_inplace(packed, scales, offsets)
     return packed, scales, offsets
+
+
+def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
+    """The stored triple in the 16-row layout with 8-bit group codes (new tensors): qweight as
+    ``interleave_rows16``; scale codes and offset codes uint8 [N, G] ([tile][group][16 rows]) and
+    bf16 factors [N, 2 * superblocks] ([tile][superblock][D, M][16 rows]), ``group_codes.encode``'s."""
+    packed = qweight.clone(memory_format=torch.contiguous_format)
+    codes = torch.ops.edge_cpu_int4.rows16_group_codes_inplace(packed, scales.to(torch.bfloat16),
+                                                                 offsets.to(torch.bfloat16))
+    return (packed, *codes)
 
 
 def interleave_rows16_inplace(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
@@ -118,16 +131,37 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
         keep_dense_copy_if_asked(layer)
         # In place: the stored-layout tensors are not read again (a tied embedding is pointed at
         # these bytes, embedding.share_with_embedding; the dense copy was made above).
-        packed, scales, offsets = interleave_rows16_inplace(
-            layer.qweight.data.contiguous(), layer.scales.data.to(torch.bfloat16).contiguous(),
-            layer.zeros.data.to(torch.bfloat16).contiguous())
-        set_weight(layer, "qweight", packed)
+        qweight = layer.qweight.data.contiguous()
+        if int4_group_codes():
+            scales, offsets, factors = torch.ops.edge_cpu_int4.rows16_group_codes_inplace(
+                qweight, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))
+            set_weight(layer, "group_factors", factors)
+        else:
+            _, scales, offsets = interleave_rows16_inplace(
+                qweight, layer.scales.data.to(torch.bfloat16).contiguous(),
+                layer.zeros.data.to(torch.bfloat16).contiguous())
+        set_weight(layer, "qweight", qweight)
         set_weight(layer, "scales", scales)
         set_weight(layer, "zeros", offsets)
 
     @staticmethod
     def op():
         return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm
+
+    def apply(self, layer, x, bias):
+        x2 = as_2d(x, layer.int4_in_features)
+        out = dense_prefill(layer, x2)
+        if out is None:
+            out = self.op()(x2, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size,
+                            group_factors(layer))
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def group_factors(layer: torch.nn.Module) -> torch.Tensor | None:
+    """A rows16 layer's per-superblock factors when it keeps 8-bit group codes, else None."""
+    return layer._parameters.get("group_factors")
 
 
 def silu_mlp(gate_up: torch.nn.Module, down: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -140,5 +174,6 @@ def silu_mlp(gate_up: torch.nn.Module, down: torch.nn.Module, x: torch.Tensor) -
     x2 = as_2d(x, gate_up.int4_in_features)
     out = torch.ops.edge_cpu_int4.w4a8_vnni_rows16_silu_mlp(
         x2, gate_up.qweight, gate_up.scales, gate_up.zeros, gate_up.int4_group_size,
-        down.qweight, down.scales, down.zeros, down.int4_group_size)
+        down.qweight, down.scales, down.zeros, down.int4_group_size,
+        group_factors(gate_up), group_factors(down))
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <vector>
 
 namespace {
@@ -81,11 +82,49 @@ EDGE_VNNI inline __m512 widen_bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// A tile's per-group scales and offsets (16 rows each), in one of the two resident forms. The
+// kernels take either as a template parameter; its methods give a group's 16 values as fp32 lanes.
+// Bf16Groups: the stored bf16 values, [group][16 rows] each.
+struct Bf16Groups {
+  const uint16_t* scale;
+  const uint16_t* offset;
+  Bf16Groups tile(int64_t t, int64_t groups) const {
+    return {scale + t * kTileRows * groups, offset + t * kTileRows * groups};
+  }
+  EDGE_VNNI __m512 scale_of(int64_t g) const { return widen_bf16x16(scale + g * kTileRows); }
+  EDGE_VNNI __m512 offset_of(int64_t g) const { return widen_bf16x16(offset + g * kTileRows); }
+};
+
+// CodeGroups: 8-bit codes [group][16 rows] for scales and for offsets, and bf16 factors
+// [superblock][D, M][16 rows] (quantization/group_codes.py): scale = code * D; offset = code * M,
+// the code read unsigned where M < 0 and as int8 where M > 0. Code times factor is exact in fp32.
+struct CodeGroups {
+  const uint8_t* scale;
+  const uint8_t* offset;
+  const uint16_t* factor;
+  int64_t superblock;  // groups per superblock
+  CodeGroups tile(int64_t t, int64_t groups) const {
+    return {scale + t * kTileRows * groups, offset + t * kTileRows * groups,
+            factor + t * kTileRows * 2 * (groups / superblock), superblock};
+  }
+  EDGE_VNNI __m512 scale_of(int64_t g) const {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scale + g * kTileRows));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)),
+                         widen_bf16x16(factor + (g / superblock) * 2 * kTileRows));
+  }
+  EDGE_VNNI __m512 offset_of(int64_t g) const {
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(offset + g * kTileRows));
+    const __m512 m = widen_bf16x16(factor + (g / superblock) * 2 * kTileRows + kTileRows);
+    const __mmask16 magnitudes = _mm512_movepi32_mask(_mm512_castps_si512(m));  // rows whose M < 0
+    const __m512i values = _mm512_mask_blend_epi32(magnitudes, _mm512_cvtepi8_epi32(codes), _mm512_cvtepu8_epi32(codes));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(values), m);
+  }
+};
+
 // One tile (16 weight rows) against R activation rows; outputs to out[r * N + j].
-template <int R, typename T>
-EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
-                           int64_t K, int64_t group_size, const QuantizedActivations& a,
-                           int64_t row0, T* out, int64_t N) {
+template <int R, typename T, typename Groups>
+EDGE_VNNI void tile_rows16(const uint8_t* w, const Groups& meta, int64_t K, int64_t group_size,
+                           const QuantizedActivations& a, int64_t row0, T* out, int64_t N) {
   const int64_t blocks = K / kBlock;
   const int64_t groups = K / group_size;
   const int64_t blocks_per_group = group_size / kBlock;
@@ -93,15 +132,17 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
   const __m512i zero = _mm512_setzero_si512();
   const int32_t* q[R];
   const float* qs[R];
+  const float* gs[R];
   __m512 acc[R];
   for (int r = 0; r < R; ++r) {
     q[r] = reinterpret_cast<const int32_t*>(a.q + (row0 + r) * K);
     qs[r] = a.block_scale + (row0 + r) * blocks;
-    const float* gs = a.group_sum + (row0 + r) * groups;
+    gs[r] = a.group_sum + (row0 + r) * groups;
     acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g) {  // offset term: m_j,g * sum of x over group g
-      acc[r] = _mm512_fmadd_ps(widen_bf16x16(offset + g * kTileRows), _mm512_set1_ps(gs[g]), acc[r]);
-    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {  // offset term: m_j,g * sum of x over group g
+    const __m512 offset = meta.offset_of(g);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(gs[r][g]), acc[r]);
   }
   __m512 wscale = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
@@ -112,7 +153,7 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
       lo[c] = _mm512_and_si512(v, low4);
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
-    if (b % blocks_per_group == 0) wscale = widen_bf16x16(scale + (b / blocks_per_group) * kTileRows);
+    if (b % blocks_per_group == 0) wscale = meta.scale_of(b / blocks_per_group);
     for (int r = 0; r < R; ++r) {
       const int32_t* x = q[r] + b * (kBlock / 4);  // 8 groups of 4 int8
       // Two chains of four: one chain of eight waits on vpdpbusd's latency.
@@ -136,18 +177,17 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint16_t* scale, const uint16
 // All tiles of a 16-row interleaved weight [N, K/2] against the M quantized activation rows;
 // out is [M, N]. A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all
 // activation rows pass over them, kRowTile at a time.
-template <typename T>
-EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const uint16_t* scale,
-                            const uint16_t* offset, int64_t K, int64_t N, int64_t group_size, T* out) {
+template <typename T, typename Groups>
+EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const Groups& meta,
+                            int64_t K, int64_t N, int64_t group_size, T* out) {
   const int64_t groups = K / group_size;
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tw = w + t * kTileRows * (K / 2);
-      const uint16_t* ts = scale + t * kTileRows * groups;
-      const uint16_t* to = offset + t * kTileRows * groups;
+      const Groups tile = meta.tile(t, groups);
       for (int64_t m = 0; m < M; m += kRowTile) {
         with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-          tile_rows16<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, out + m * N + t * kTileRows, N);
+          tile_rows16<decltype(rows)::value>(tw, tile, K, group_size, a, m, out + m * N + t * kTileRows, N);
         });
       }
     }
@@ -241,12 +281,12 @@ EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
 // 32b .. 32b + 31, columns 0..15, of dst [K, ld]: int32 lane j of a 64-byte chunk c is row j,
 // its byte i holds k = 32b + 8c + i (low nibble) and 32b + 8c + 4 + i (high nibble), so each
 // shift gives one k for all 16 rows. q * scale + offset with one rounding (q * scale is exact
-// in fp32), then bf16: int4.dequantize()'s values.
+// in fp32), then bf16: int4.dequantize()'s values (group_codes.dequantize()'s with codes).
 // (Vectors are not passed across the call: the lambdas that call it lack the AVX-512 target.)
-EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset, uint16_t* d,
-                                     int64_t ld) {
+template <typename Groups>
+EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const Groups& meta, int64_t g, uint16_t* d, int64_t ld) {
   const __m512i low4 = _mm512_set1_epi32(0x0F);
-  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(wb + c * 64);
     for (int i = 0; i < 4; ++i) {
@@ -263,10 +303,11 @@ EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const uint16_t* scale, c
 // The same with AVX512_BF16's vcvtne2ps2bf16 (two vectors to bf16 in one instruction, also
 // round to nearest even): AMX CPUs all have it.
 #define EDGE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
-EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const uint16_t* scale, const uint16_t* offset,
-                                          uint16_t* d, int64_t ld) {
+template <typename Groups>
+EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const Groups& meta, int64_t g, uint16_t* d,
+                                          int64_t ld) {
   const __m512i low4 = _mm512_set1_epi32(0x0F);
-  const __m512 s = widen_bf16x16(scale), m = widen_bf16x16(offset);
+  const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(wb + c * 64);
     for (int i = 0; i < 4; ++i) {
@@ -287,20 +328,20 @@ bool cpu_has_bf16() {
 // Tiles [t0, t1) of a 16-row weight, dequantized into dst [K, (t1 - t0) * 16]. Threads split K
 // (blocks of 32); each block goes across all the tiles, so its 32 rows of dst are written
 // whole, in order (tile by tile across the full K, the writes strode a row apart).
-void dequantize_rows16_block(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, int64_t K,
-                             int64_t group_size, int64_t t0, int64_t t1, uint16_t* dst, bool portable = false) {
+template <typename Groups>
+void dequantize_rows16_block(const uint8_t* w, const Groups& meta, int64_t K, int64_t group_size, int64_t t0,
+                             int64_t t1, uint16_t* dst, bool portable = false) {
   const int64_t groups = K / group_size, ld = (t1 - t0) * kTileRows;
   const int64_t blocks_per_group = group_size / kBlock;
   static const bool native_bf16 = cpu_has_bf16();
-  const auto tile_block = native_bf16 && !portable ? dequantize_tile_block_bf16 : dequantize_tile_block;
+  const auto tile_block = native_bf16 && !portable ? dequantize_tile_block_bf16<Groups> : dequantize_tile_block<Groups>;
   at::parallel_for(0, K / kBlock, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t g = b / blocks_per_group;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t rows = t * kTileRows;
-        tile_block(w + rows * (K / 2) + b * kTileBlockBytes,
-                              scale + rows * groups + g * kTileRows, offset + rows * groups + g * kTileRows,
-                              dst + b * kBlock * ld + (t - t0) * kTileRows, ld);
+        tile_block(w + rows * (K / 2) + b * kTileBlockBytes, meta.tile(t, groups), g,
+                   dst + b * kBlock * ld + (t - t0) * kTileRows, ld);
       }
     }
   });
@@ -320,8 +361,9 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
 // threads, then a threaded at::mm) measured far slower (docs/edge/cpu-4bit.md). Each
 // thread keeps its scratch between calls (grown, never shrunk): at most g_prefill_block_bytes,
 // rounded up to one tile of 16 rows.
-void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
-                    int64_t K, int64_t N, int64_t group_size, at::Tensor& out) {
+template <typename Groups>
+void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const Groups& meta, int64_t K, int64_t N,
+                    int64_t group_size, at::Tensor& out) {
   const int64_t block_tiles = prefill_block_rows(K, N) / kTileRows;
   const at::ThreadLocalState tls;  // inference mode and dispatch state, for the worker threads
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
@@ -334,53 +376,84 @@ void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint16_t* scale
     uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.data_ptr<at::BFloat16>());
     for (int64_t t0 = begin; t0 < end; t0 += block_tiles) {
       const int64_t t1 = std::min(end, t0 + block_tiles), rows = (t1 - t0) * kTileRows;
-      dequantize_rows16_block(w, scale, offset, K, group_size, t0, t1, dst);  // serial: inside the region
+      dequantize_rows16_block(w, meta, K, group_size, t0, t1, dst);  // serial: inside the region
       at::Tensor columns = out.narrow(1, t0 * kTileRows, rows);
       at::mm_out(columns, x, scratch.narrow(0, 0, rows * K).view({K, rows}));
     }
   });
 }
 
+// One linear's per-group scales and offsets as the ops receive them: bf16 [N, groups] each
+// (factors absent), or the 8-bit codes uint8 [N, groups] each with bf16 factors
+// [N, 2 * superblocks] (rows16_group_codes_inplace's tile layout). Calls f with the matching
+// Groups; the tensors must be contiguous (the kernel class made them so at load).
+template <typename F>
+void with_groups(const char* op, const at::Tensor& scales, const at::Tensor& offsets,
+                 const c10::optional<at::Tensor>& factors, int64_t N, int64_t groups, F&& f) {
+  if (!factors.has_value()) {
+    for (const auto* t : {&scales, &offsets}) {
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N && t->size(1) == groups &&
+                      t->is_contiguous(),
+                  op, ": scales and offsets must be bf16 [", N, ", ", groups, "] and contiguous, got ",
+                  t->scalar_type(), " ", t->sizes());
+    }
+    return f(Bf16Groups{bf16_bits(scales), bf16_bits(offsets)});
+  }
+  const at::Tensor& fac = *factors;
+  for (const auto* t : {&scales, &offsets}) {
+    TORCH_CHECK(t->scalar_type() == at::kByte && t->dim() == 2 && t->size(0) == N && t->size(1) == groups &&
+                    t->is_contiguous(),
+                op, ": with factors, scales and offsets must be uint8 codes [", N, ", ", groups,
+                "] and contiguous, got ", t->scalar_type(), " ", t->sizes());
+  }
+  TORCH_CHECK(fac.scalar_type() == at::kBFloat16 && fac.dim() == 2 && fac.size(0) == N && fac.is_contiguous() &&
+                  fac.size(1) % 2 == 0 && fac.size(1) > 0 && groups % (fac.size(1) / 2) == 0,
+              op, ": factors must be bf16 [", N, ", 2 * superblocks] and contiguous, the superblocks dividing ",
+              groups, " groups, got ", fac.scalar_type(), " ", fac.sizes());
+  return f(CodeGroups{scales.data_ptr<uint8_t>(), offsets.data_ptr<uint8_t>(),
+                      reinterpret_cast<const uint16_t*>(fac.data_ptr<at::BFloat16>()), groups / (fac.size(1) / 2)});
+}
+
 // The 16-row weight [N, K/2] dequantized to bf16 [K, N], as the prefill GEMM reads it (tests: the
 // transpose of int4.dequantize's bf16 values, exactly; timing the dequantization alone).
 // portable: without AVX512_BF16 instructions even where the CPU has them (tests both).
 at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
-                             int64_t group_size, bool portable) {
+                             int64_t group_size, bool portable, const c10::optional<at::Tensor>& factors) {
   const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
-  check_weight("rows16_dequantize", qweight, scales, offsets, K, group_size, true);
-  const at::Tensor w = qweight.contiguous(), s = scales.contiguous(), o = offsets.contiguous();
-  at::Tensor kn = at::empty({K, N}, scales.options());
-  dequantize_rows16_block(w.data_ptr<uint8_t>(), bf16_bits(s), bf16_bits(o), K, group_size, 0, N / kTileRows,
-                          reinterpret_cast<uint16_t*>(kn.data_ptr<at::BFloat16>()), portable);
+  check_qweight("rows16_dequantize", qweight, K, group_size, true);
+  const at::Tensor w = qweight.contiguous();
+  at::Tensor kn = at::empty({K, N}, qweight.options().dtype(at::kBFloat16));
+  with_groups("rows16_dequantize", scales, offsets, factors, N, K / group_size, [&](const auto& meta) {
+    dequantize_rows16_block(w.data_ptr<uint8_t>(), meta, K, group_size, 0, N / kTileRows,
+                            reinterpret_cast<uint16_t*>(kn.data_ptr<at::BFloat16>()), portable);
+  });
   return kn;
 }
 
 // Weights, scales and offsets in the 16-row interleaved layout (see tile_rows16); the
 // kernel class makes it from the stored triple at load time.
 at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                               const at::Tensor& offsets, int64_t group_size) {
+                               const at::Tensor& offsets, int64_t group_size,
+                               const c10::optional<at::Tensor>& factors) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "w4a8_vnni_rows16_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_mm: x must be 2-D [M, K], got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  check_weight("w4a8_vnni_rows16_mm", qweight, scales, offsets, K, group_size, true);
+  check_qweight("w4a8_vnni_rows16_mm", qweight, K, group_size, true);
   const at::Tensor xc = x.contiguous();
   const at::Tensor w = qweight.contiguous();
-  const at::Tensor s = scales.contiguous();
-  const at::Tensor o = offsets.contiguous();
-
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = bf16_bits(s);
-  const uint16_t* op = bf16_bits(o);
-  if (bf16_prefill(xc)) {
-    rows16_bf16_mm(xc, wp, sp, op, K, N, group_size, out);
-    return out;
-  }
-  const ActivationBuffer buffer(M, K, group_size, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_mm", [&] {
-    quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, K, group_size, buffer);
-    rows16_tiles(buffer.activations(), M, wp, sp, op, K, N, group_size, out.data_ptr<scalar_t>());
+  with_groups("w4a8_vnni_rows16_mm", scales, offsets, factors, N, K / group_size, [&](const auto& meta) {
+    if (bf16_prefill(xc)) {
+      rows16_bf16_mm(xc, wp, meta, K, N, group_size, out);
+      return;
+    }
+    const ActivationBuffer buffer(M, K, group_size, x.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_mm", [&] {
+      quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, K, group_size, buffer);
+      rows16_tiles(buffer.activations(), M, wp, meta, K, N, group_size, out.data_ptr<scalar_t>());
+    });
   });
   return out;
 }
@@ -395,49 +468,52 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
                                      const at::Tensor& gate_up_scales, const at::Tensor& gate_up_offsets,
                                      int64_t gate_up_group_size, const at::Tensor& down_qweight,
                                      const at::Tensor& down_scales, const at::Tensor& down_offsets,
-                                     int64_t down_group_size) {
+                                     int64_t down_group_size, const c10::optional<at::Tensor>& gate_up_factors,
+                                     const c10::optional<at::Tensor>& down_factors) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "w4a8_vnni_rows16_silu_mlp: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_silu_mlp: x must be 2-D [M, H], got ", x.sizes());
   const int64_t M = x.size(0), H = x.size(1);
-  check_weight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, gate_up_scales, gate_up_offsets, H,
-               gate_up_group_size, true);
+  check_qweight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, H, gate_up_group_size, true);
   TORCH_CHECK(gate_up_qweight.size(0) % 2 == 0, "w4a8_vnni_rows16_silu_mlp: gate_up has an odd row count");
   const int64_t I = gate_up_qweight.size(0) / 2;
-  check_weight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, down_scales, down_offsets, I, down_group_size,
-               true);
+  check_qweight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, I, down_group_size, true);
   const int64_t N = down_qweight.size(0);
   const at::Tensor xc = x.contiguous();
   const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
-  const at::Tensor gs = gate_up_scales.contiguous(), go = gate_up_offsets.contiguous();
-  const at::Tensor ds = down_scales.contiguous(), dz = down_offsets.contiguous();
   at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
   const at::Tensor h = at::empty({M, I}, x.options());
   at::Tensor out = at::empty({M, N}, x.options());
-  if (bf16_prefill(xc)) {
-    using bf16 = at::BFloat16;
-    rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gate_up);
-    const bf16* gu = gate_up.data_ptr<bf16>();
-    bf16* hp = h.data_ptr<bf16>();
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+  with_groups("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_scales, gate_up_offsets, gate_up_factors, 2 * I,
+              H / gate_up_group_size, [&](const auto& gmeta) {
+  with_groups("w4a8_vnni_rows16_silu_mlp (down)", down_scales, down_offsets, down_factors, N,
+              I / down_group_size, [&](const auto& dmeta) {
+    if (bf16_prefill(xc)) {
+      using bf16 = at::BFloat16;
+      rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), gmeta, H, 2 * I, gate_up_group_size, gate_up);
+      const bf16* gu = gate_up.data_ptr<bf16>();
+      bf16* hp = h.data_ptr<bf16>();
+      at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+      });
+      rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), dmeta, I, N, down_group_size, out);
+      return;
+    }
+    const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
+    const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_silu_mlp", [&] {
+      scalar_t* gu = gate_up.data_ptr<scalar_t>();
+      scalar_t* hp = h.data_ptr<scalar_t>();
+      quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
+      rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), gmeta, H, 2 * I, gate_up_group_size, gu);
+      at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
+      });
+      quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
+      rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), dmeta, I, N, down_group_size,
+                   out.data_ptr<scalar_t>());
     });
-    rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size, out);
-    return out;
-  }
-  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
-  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_silu_mlp", [&] {
-    scalar_t* gu = gate_up.data_ptr<scalar_t>();
-    scalar_t* hp = h.data_ptr<scalar_t>();
-    quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
-    rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I, gate_up_group_size, gu);
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
-    });
-    quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
-    rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dz), I, N, down_group_size,
-                 out.data_ptr<scalar_t>());
+  });
   });
   return out;
 }
@@ -523,15 +599,148 @@ void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tens
   }
 }
 
+
+// fp32 -> the nearest bf16 (ties to even), as its bits; the values here are finite.
+inline uint16_t bf16_rne_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+constexpr int64_t kMaxSuperblock = 8;  // group_codes.SUPERBLOCK_MAX_GROUPS
+
+int64_t superblock_groups(int64_t groups) {
+  for (int64_t d = kMaxSuperblock; d > 1; --d) {
+    if (groups % d == 0) return d;
+  }
+  return 1;
+}
+
+// group_codes._fit_unsigned for one superblock of values >= 0: codes 0..255 under the better
+// (smaller summed absolute error, added in group order) of top / 63 and top / 255 in bf16.
+uint16_t fit_unsigned(const float* v, int64_t n, uint8_t* codes) {
+  float top = 0.f;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, v[i]);
+  float best_err = 0.f;
+  uint16_t best_bits = 0;
+  bool first = true;
+  for (const float divisor : {63.f, 255.f}) {
+    uint16_t bits = bf16_rne_bits(top / divisor);
+    float f = bf16_to_float(bits);
+    if (!(f > 0.f)) {
+      f = 1.f;
+      bits = bf16_rne_bits(1.f);
+    }
+    uint8_t c[kMaxSuperblock];
+    float err = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float q = std::min(std::max(std::nearbyint(v[i] / f), 0.f), 255.f);
+      c[i] = static_cast<uint8_t>(q);
+      err = err + std::fabs(q * f - v[i]);
+    }
+    if (first || err < best_err) {
+      best_err = err;
+      best_bits = bits;
+      std::memcpy(codes, c, n);
+    }
+    first = false;
+  }
+  return best_bits;
+}
+
+// The stored triple into the 16-row layout with 8-bit group codes (quantization/group_codes.py):
+// qweight rearranged in place; returns [scale codes uint8 [N, G], offset codes uint8 [N, G],
+// factors bf16 [N, 2 * superblocks]], each in the tile layout the ops read ([tile][group][16 rows];
+// [tile][superblock][D, M][16 rows]). The codes are group_codes.encode(scales, offsets, qweight)'s,
+// bit for bit.
+std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at::Tensor& scales,
+                                                   const at::Tensor& offsets) {
+  check_interleave_shape("rows16_group_codes_inplace", qweight);
+  TORCH_CHECK(qweight.is_contiguous(), "rows16_group_codes_inplace: qweight must be contiguous");
+  const int64_t N = qweight.size(0);
+  for (const auto* t : {&scales, &offsets}) {
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N,
+                "rows16_group_codes_inplace: scales and offsets must be bf16 [", N, ", groups], got ",
+                t->scalar_type(), " ", t->sizes());
+  }
+  TORCH_CHECK(scales.sizes() == offsets.sizes(), "rows16_group_codes_inplace: scales ", scales.sizes(),
+              " and offsets ", offsets.sizes(), " differ");
+  const int64_t groups = scales.size(1), sb = superblock_groups(groups), supers = groups / sb;
+  const at::Tensor sc = scales.contiguous(), oc = offsets.contiguous();
+  const uint16_t* sp = bf16_bits(sc);
+  const uint16_t* op = bf16_bits(oc);
+  at::Tensor scale_codes = at::empty({N, groups}, qweight.options());
+  at::Tensor offset_codes = at::empty({N, groups}, qweight.options());
+  at::Tensor factors = at::empty({N, 2 * supers}, qweight.options().dtype(at::kBFloat16));
+  uint8_t* scp = scale_codes.data_ptr<uint8_t>();
+  uint8_t* ocp = offset_codes.data_ptr<uint8_t>();
+  uint16_t* fp = reinterpret_cast<uint16_t*>(factors.data_ptr<at::BFloat16>());
+  const uint8_t* w = qweight.data_ptr<uint8_t>();  // read in the stored layout, before the rearrangement
+  const int64_t half_k = qweight.size(1), group_bytes = half_k / groups;
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    float v[kMaxSuperblock], o[kMaxSuperblock];
+    uint8_t c[kMaxSuperblock];
+    for (int64_t n = begin; n < end; ++n) {
+      const int64_t t = n / kTileRows, j = n % kTileRows;
+      for (int64_t s = 0; s < supers; ++s) {
+        bool nonpositive = true;
+        for (int64_t i = 0; i < sb; ++i) {
+          v[i] = bf16_to_float(sp[n * groups + s * sb + i]);
+          o[i] = bf16_to_float(op[n * groups + s * sb + i]);
+          // A group whose 4-bit codes are all 0 never reads its scale (group_codes.encode).
+          const uint8_t* g4 = w + n * half_k + (s * sb + i) * group_bytes;
+          bool unused = true;
+          for (int64_t k = 0; k < group_bytes && unused; ++k) unused = g4[k] == 0;
+          if (unused && std::isfinite(v[i])) v[i] = 0.f;
+          if (!std::isfinite(v[i]) || !std::isfinite(o[i]) || v[i] < 0.f) bad = true;
+          nonpositive = nonpositive && o[i] <= 0.f;
+        }
+        const int64_t code_at = (t * groups + s * sb) * kTileRows + j;
+        uint16_t* factor_at = fp + (t * supers + s) * 2 * kTileRows + j;
+        factor_at[0] = fit_unsigned(v, sb, c);
+        for (int64_t i = 0; i < sb; ++i) scp[code_at + i * kTileRows] = c[i];
+        if (nonpositive) {  // magnitudes under a negative M
+          for (int64_t i = 0; i < sb; ++i) v[i] = std::max(-o[i], 0.f);
+          factor_at[kTileRows] = bf16_rne_bits(-bf16_to_float(fit_unsigned(v, sb, c)));
+          for (int64_t i = 0; i < sb; ++i) ocp[code_at + i * kTileRows] = c[i];
+        } else {  // int8 codes under a positive M
+          float top = 0.f;
+          for (int64_t i = 0; i < sb; ++i) top = std::max(top, std::fabs(o[i]));
+          uint16_t bits = bf16_rne_bits(top / 127.f);
+          float m = bf16_to_float(bits);
+          if (!(m > 0.f)) {
+            m = 1.f;
+            bits = bf16_rne_bits(1.f);
+          }
+          factor_at[kTileRows] = bits;
+          for (int64_t i = 0; i < sb; ++i) {
+            const float q = std::min(std::max(std::nearbyint(o[i] / m), -127.f), 127.f);
+            ocp[code_at + i * kTileRows] = static_cast<uint8_t>(static_cast<int8_t>(q));
+          }
+        }
+      }
+    }
+  });
+  TORCH_CHECK(!bad, "rows16_group_codes_inplace: group codes need finite scales >= 0 and finite offsets");
+  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, qweight.size(1));
+  return {scale_codes, offset_codes, factors};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
-  m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
+  m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size, "
+        "Tensor? factors=None) -> Tensor");
   m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
-        "Tensor down_offsets, int down_group_size) -> Tensor");
+        "Tensor down_offsets, int down_group_size, Tensor? gate_up_factors=None, "
+        "Tensor? down_factors=None) -> Tensor");
   m.def("interleave_rows16_inplace(Tensor(a!) qweight, Tensor(b!) scales, Tensor(c!) offsets) -> ()");
-  m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False) -> Tensor");
+  m.def("rows16_group_codes_inplace(Tensor(a!) qweight, Tensor scales, Tensor offsets) -> Tensor[]");
+  m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False, "
+        "Tensor? factors=None) -> Tensor");
   m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
 }
@@ -540,5 +749,6 @@ TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_vnni_rows16_mm", &w4a8_vnni_rows16_mm);
   m.impl("w4a8_vnni_rows16_silu_mlp", &w4a8_vnni_rows16_silu_mlp);
   m.impl("interleave_rows16_inplace", &interleave_rows16_inplace);
+  m.impl("rows16_group_codes_inplace", &rows16_group_codes_inplace);
   m.impl("rows16_dequantize", &rows16_dequantize);
 }

@@ -68,9 +68,8 @@ inline const uint16_t* bf16_bits(const at::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
 }
 
-// The stored triple of one linear, for an input of K features (rows16: N a multiple of 16).
-inline void check_weight(const char* op, const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
-                         int64_t K, int64_t group_size, bool rows16) {
+// One linear's 4-bit weights, for an input of K features (rows16: N a multiple of 16).
+inline void check_qweight(const char* op, const at::Tensor& qweight, int64_t K, int64_t group_size, bool rows16) {
   TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte, op, ": qweight must be uint8 [N, K/2]");
   const int64_t N = qweight.size(0);
   TORCH_CHECK(group_size > 0 && group_size % kBlock == 0, op, ": group size ", group_size,
@@ -78,6 +77,13 @@ inline void check_weight(const char* op, const at::Tensor& qweight, const at::Te
   TORCH_CHECK(K % group_size == 0, op, ": group size ", group_size, " does not divide K=", K);
   TORCH_CHECK(qweight.size(1) * 2 == K, op, ": qweight ", qweight.sizes(), " does not match K=", K);
   TORCH_CHECK(!rows16 || N % kTileRows == 0, op, ": the 16-row layout needs N a multiple of 16, got N=", N);
+}
+
+// The stored triple of one linear (bf16 scales and offsets), for an input of K features.
+inline void check_weight(const char* op, const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
+                         int64_t K, int64_t group_size, bool rows16) {
+  check_qweight(op, qweight, K, group_size, rows16);
+  const int64_t N = qweight.size(0);
   const int64_t groups = K / group_size;
   for (const auto* t : {&scales, &offsets}) {
     TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N && t->size(1) == groups,
