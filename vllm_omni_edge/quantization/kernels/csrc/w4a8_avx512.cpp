@@ -174,17 +174,46 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const Groups& meta, int64_t K, int6
   }
 }
 
+// F32Groups: a tile's scales and offsets decoded to fp32 [group][16 rows] each (prefill decodes a
+// tile's groups once for all its activation rows instead of once per kRowTile rows).
+struct F32Groups {
+  const float* scale;
+  const float* offset;
+  EDGE_VNNI __m512 scale_of(int64_t g) const { return _mm512_loadu_ps(scale + g * kTileRows); }
+  EDGE_VNNI __m512 offset_of(int64_t g) const { return _mm512_loadu_ps(offset + g * kTileRows); }
+};
+
+template <typename Groups>
+EDGE_VNNI void decode_groups(const Groups& tile, int64_t groups, float* scale, float* offset) {
+  for (int64_t g = 0; g < groups; ++g) {
+    _mm512_storeu_ps(scale + g * kTileRows, tile.scale_of(g));
+    _mm512_storeu_ps(offset + g * kTileRows, tile.offset_of(g));
+  }
+}
+
 // All tiles of a 16-row interleaved weight [N, K/2] against the M quantized activation rows;
 // out is [M, N]. A tile's 16 x K/2 weight bytes are contiguous and stay in L1 while all
-// activation rows pass over them, kRowTile at a time.
+// activation rows pass over them, kRowTile at a time; with more rows than that, the tile's
+// scales and offsets are decoded to fp32 once first.
 template <typename T, typename Groups>
 EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const Groups& meta,
                             int64_t K, int64_t N, int64_t group_size, T* out) {
   const int64_t groups = K / group_size;
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> decoded(M > kRowTile ? 2 * groups * kTileRows : 0);
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tw = w + t * kTileRows * (K / 2);
       const Groups tile = meta.tile(t, groups);
+      if (M > kRowTile) {
+        decode_groups(tile, groups, decoded.data(), decoded.data() + groups * kTileRows);
+        const F32Groups f32{decoded.data(), decoded.data() + groups * kTileRows};
+        for (int64_t m = 0; m < M; m += kRowTile) {
+          with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+            tile_rows16<decltype(rows)::value>(tw, f32, K, group_size, a, m, out + m * N + t * kTileRows, N);
+          });
+        }
+        continue;
+      }
       for (int64_t m = 0; m < M; m += kRowTile) {
         with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
           tile_rows16<decltype(rows)::value>(tw, tile, K, group_size, a, m, out + m * N + t * kTileRows, N);
@@ -600,14 +629,6 @@ void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tens
 }
 
 
-// fp32 -> the nearest bf16 (ties to even), as its bits; the values here are finite.
-inline uint16_t bf16_rne_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 constexpr int64_t kMaxSuperblock = 8;  // group_codes.SUPERBLOCK_MAX_GROUPS
 
 int64_t superblock_groups(int64_t groups) {
@@ -617,48 +638,119 @@ int64_t superblock_groups(int64_t groups) {
   return 1;
 }
 
-// group_codes._fit_unsigned for one superblock of values >= 0: codes 0..255 under the better
-// (smaller summed absolute error, added in group order) of top / 63 and top / 255 in bf16.
-uint16_t fit_unsigned(const float* v, int64_t n, uint8_t* codes) {
-  float top = 0.f;
-  for (int64_t i = 0; i < n; ++i) top = std::max(top, v[i]);
-  float best_err = 0.f;
-  uint16_t best_bits = 0;
+// 16 fp32 lanes rounded to the nearest bf16 value (ties to even), as fp32; the values are finite.
+EDGE_VNNI inline __m512 bf16_round16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(rounded, 16), 16));
+}
+
+EDGE_VNNI inline __m512 round_even(__m512 x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// group_codes._fit_unsigned for 16 rows at once, lane j being row j: v[i] (>= 0) are the rows'
+// values of the superblock's group i. Codes 0..255 under the better (smaller summed absolute
+// error, added in group order) of top / 63 and top / 255 in bf16; returns that factor per lane.
+// Division and round-to-nearest-even are exact in IEEE fp32, as in the reference.
+EDGE_VNNI __m512 fit_unsigned16(const __m512* v, int64_t n, __m512* codes) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
+  __m512 top = zero;
+  for (int64_t i = 0; i < n; ++i) top = _mm512_max_ps(top, v[i]);  // signed zeros: both ways f = 1 below
+  __m512 best_err = zero, best_factor = one;
   bool first = true;
   for (const float divisor : {63.f, 255.f}) {
-    uint16_t bits = bf16_rne_bits(top / divisor);
-    float f = bf16_to_float(bits);
-    if (!(f > 0.f)) {
-      f = 1.f;
-      bits = bf16_rne_bits(1.f);
-    }
-    uint8_t c[kMaxSuperblock];
-    float err = 0.f;
+    __m512 f = bf16_round16(_mm512_div_ps(top, _mm512_set1_ps(divisor)));
+    f = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, zero, _CMP_GT_OQ), one, f);
+    __m512 c[kMaxSuperblock];
+    __m512 err = zero;
     for (int64_t i = 0; i < n; ++i) {
-      const float q = std::min(std::max(std::nearbyint(v[i] / f), 0.f), 255.f);
-      c[i] = static_cast<uint8_t>(q);
-      err = err + std::fabs(q * f - v[i]);
+      c[i] = _mm512_min_ps(_mm512_max_ps(round_even(_mm512_div_ps(v[i], f)), zero), _mm512_set1_ps(255.f));
+      err = _mm512_add_ps(err, _mm512_andnot_ps(sign, _mm512_sub_ps(_mm512_mul_ps(c[i], f), v[i])));
     }
-    if (first || err < best_err) {
-      best_err = err;
-      best_bits = bits;
-      std::memcpy(codes, c, n);
-    }
+    const __mmask16 take = first ? __mmask16(0xFFFF) : _mm512_cmp_ps_mask(err, best_err, _CMP_LT_OQ);
+    best_err = _mm512_mask_blend_ps(take, best_err, err);
+    best_factor = _mm512_mask_blend_ps(take, best_factor, f);
+    for (int64_t i = 0; i < n; ++i) codes[i] = _mm512_mask_blend_ps(take, codes[i], c[i]);
     first = false;
   }
-  return best_bits;
+  return best_factor;
+}
+
+// 16 integer-valued fp32 lanes (0..255 or -127..127) to their 16 bytes; bf16-valued lanes to bits.
+EDGE_VNNI inline void store_codes16(uint8_t* dst, __m512 codes) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(codes)));
+}
+EDGE_VNNI inline void store_bf16x16(uint16_t* dst, __m512 bf16_valued) {
+  const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(bf16_valued), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(bits));
+}
+
+// One tile's superblocks (16 rows, lanes): the codes and factors group_codes.encode gives, written
+// in the ops' tile layout. s and o are the tile's stored rows ([16][groups] bf16), w its stored
+// qweight rows; false if a scale is negative or a value not finite.
+EDGE_VNNI bool encode_tile(const uint16_t* s, const uint16_t* o, const uint8_t* w, int64_t groups, int64_t sb,
+                           int64_t half_k, uint8_t* scale_codes, uint8_t* offset_codes, uint16_t* factors) {
+  const int64_t group_bytes = half_k / groups, supers = groups / sb;
+  alignas(64) float sv[kMaxSuperblock][kTileRows], ov[kMaxSuperblock][kTileRows];
+  bool ok = true;
+  const __m512 zero = _mm512_setzero_ps(), sign = _mm512_set1_ps(-0.f);
+  for (int64_t su = 0; su < supers; ++su) {
+    for (int64_t i = 0; i < sb; ++i) {
+      const int64_t g = su * sb + i;
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        float scale = bf16_to_float(s[j * groups + g]);
+        const float offset = bf16_to_float(o[j * groups + g]);
+        ok = ok && std::isfinite(scale) && std::isfinite(offset) && scale >= 0.f;
+        // A group whose 4-bit codes are all 0 never reads its scale (group_codes.encode).
+        const uint8_t* g4 = w + j * half_k + g * group_bytes;
+        bool unused = true;
+        for (int64_t k = 0; k < group_bytes && unused; ++k) unused = g4[k] == 0;
+        sv[i][j] = unused && std::isfinite(scale) ? 0.f : scale;
+        ov[i][j] = offset;
+      }
+    }
+    __m512 v[kMaxSuperblock], c[kMaxSuperblock], mag[kMaxSuperblock], mc[kMaxSuperblock];
+    for (int64_t i = 0; i < sb; ++i) v[i] = _mm512_load_ps(sv[i]);
+    const __m512 d = fit_unsigned16(v, sb, c);
+    __mmask16 nonpositive = 0xFFFF;
+    __m512 top = zero;
+    for (int64_t i = 0; i < sb; ++i) {
+      v[i] = _mm512_load_ps(ov[i]);
+      nonpositive &= _mm512_cmp_ps_mask(v[i], zero, _CMP_LE_OQ);
+      mag[i] = _mm512_max_ps(_mm512_xor_ps(v[i], sign), zero);
+      top = _mm512_max_ps(top, _mm512_andnot_ps(sign, v[i]));
+    }
+    const __m512 magnitude = fit_unsigned16(mag, sb, mc);
+    __m512 m = bf16_round16(_mm512_div_ps(top, _mm512_set1_ps(127.f)));
+    m = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ), _mm512_set1_ps(1.f), m);
+    for (int64_t i = 0; i < sb; ++i) {
+      const int64_t g = su * sb + i;
+      store_codes16(scale_codes + g * kTileRows, c[i]);
+      const __m512 signed_codes = _mm512_min_ps(_mm512_max_ps(round_even(_mm512_div_ps(v[i], m)),
+                                                              _mm512_set1_ps(-127.f)), _mm512_set1_ps(127.f));
+      store_codes16(offset_codes + g * kTileRows, _mm512_mask_blend_ps(nonpositive, signed_codes, mc[i]));
+    }
+    store_bf16x16(factors + su * 2 * kTileRows, d);
+    store_bf16x16(factors + su * 2 * kTileRows + kTileRows,
+                  _mm512_mask_blend_ps(nonpositive, m, _mm512_xor_ps(magnitude, sign)));
+  }
+  return ok;
 }
 
 // The stored triple into the 16-row layout with 8-bit group codes (quantization/group_codes.py):
 // qweight rearranged in place; returns [scale codes uint8 [N, G], offset codes uint8 [N, G],
 // factors bf16 [N, 2 * superblocks]], each in the tile layout the ops read ([tile][group][16 rows];
 // [tile][superblock][D, M][16 rows]). The codes are group_codes.encode(scales, offsets, qweight)'s,
-// bit for bit.
+// bit for bit; a tile's 16 rows are encoded together, one per vector lane.
 std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at::Tensor& scales,
                                                    const at::Tensor& offsets) {
+  static const bool supported = cpu_has_vnni();
+  TORCH_CHECK(supported, "rows16_group_codes_inplace: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   check_interleave_shape("rows16_group_codes_inplace", qweight);
   TORCH_CHECK(qweight.is_contiguous(), "rows16_group_codes_inplace: qweight must be contiguous");
-  const int64_t N = qweight.size(0);
+  const int64_t N = qweight.size(0), half_k = qweight.size(1);
   for (const auto* t : {&scales, &offsets}) {
     TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N,
                 "rows16_group_codes_inplace: scales and offsets must be bf16 [", N, ", groups], got ",
@@ -667,64 +759,30 @@ std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at
   TORCH_CHECK(scales.sizes() == offsets.sizes(), "rows16_group_codes_inplace: scales ", scales.sizes(),
               " and offsets ", offsets.sizes(), " differ");
   const int64_t groups = scales.size(1), sb = superblock_groups(groups), supers = groups / sb;
+  TORCH_CHECK(groups > 0 && half_k % groups == 0, "rows16_group_codes_inplace: ", groups,
+              " groups do not divide K=", 2 * half_k);
   const at::Tensor sc = scales.contiguous(), oc = offsets.contiguous();
-  const uint16_t* sp = bf16_bits(sc);
-  const uint16_t* op = bf16_bits(oc);
   at::Tensor scale_codes = at::empty({N, groups}, qweight.options());
   at::Tensor offset_codes = at::empty({N, groups}, qweight.options());
   at::Tensor factors = at::empty({N, 2 * supers}, qweight.options().dtype(at::kBFloat16));
+  const uint16_t* sp = bf16_bits(sc);
+  const uint16_t* op = bf16_bits(oc);
+  const uint8_t* w = qweight.data_ptr<uint8_t>();  // read in the stored layout, before the rearrangement
   uint8_t* scp = scale_codes.data_ptr<uint8_t>();
   uint8_t* ocp = offset_codes.data_ptr<uint8_t>();
   uint16_t* fp = reinterpret_cast<uint16_t*>(factors.data_ptr<at::BFloat16>());
-  const uint8_t* w = qweight.data_ptr<uint8_t>();  // read in the stored layout, before the rearrangement
-  const int64_t half_k = qweight.size(1), group_bytes = half_k / groups;
   std::atomic<bool> bad{false};
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    float v[kMaxSuperblock], o[kMaxSuperblock];
-    uint8_t c[kMaxSuperblock];
-    for (int64_t n = begin; n < end; ++n) {
-      const int64_t t = n / kTileRows, j = n % kTileRows;
-      for (int64_t s = 0; s < supers; ++s) {
-        bool nonpositive = true;
-        for (int64_t i = 0; i < sb; ++i) {
-          v[i] = bf16_to_float(sp[n * groups + s * sb + i]);
-          o[i] = bf16_to_float(op[n * groups + s * sb + i]);
-          // A group whose 4-bit codes are all 0 never reads its scale (group_codes.encode).
-          const uint8_t* g4 = w + n * half_k + (s * sb + i) * group_bytes;
-          bool unused = true;
-          for (int64_t k = 0; k < group_bytes && unused; ++k) unused = g4[k] == 0;
-          if (unused && std::isfinite(v[i])) v[i] = 0.f;
-          if (!std::isfinite(v[i]) || !std::isfinite(o[i]) || v[i] < 0.f) bad = true;
-          nonpositive = nonpositive && o[i] <= 0.f;
-        }
-        const int64_t code_at = (t * groups + s * sb) * kTileRows + j;
-        uint16_t* factor_at = fp + (t * supers + s) * 2 * kTileRows + j;
-        factor_at[0] = fit_unsigned(v, sb, c);
-        for (int64_t i = 0; i < sb; ++i) scp[code_at + i * kTileRows] = c[i];
-        if (nonpositive) {  // magnitudes under a negative M
-          for (int64_t i = 0; i < sb; ++i) v[i] = std::max(-o[i], 0.f);
-          factor_at[kTileRows] = bf16_rne_bits(-bf16_to_float(fit_unsigned(v, sb, c)));
-          for (int64_t i = 0; i < sb; ++i) ocp[code_at + i * kTileRows] = c[i];
-        } else {  // int8 codes under a positive M
-          float top = 0.f;
-          for (int64_t i = 0; i < sb; ++i) top = std::max(top, std::fabs(o[i]));
-          uint16_t bits = bf16_rne_bits(top / 127.f);
-          float m = bf16_to_float(bits);
-          if (!(m > 0.f)) {
-            m = 1.f;
-            bits = bf16_rne_bits(1.f);
-          }
-          factor_at[kTileRows] = bits;
-          for (int64_t i = 0; i < sb; ++i) {
-            const float q = std::min(std::max(std::nearbyint(o[i] / m), -127.f), 127.f);
-            ocp[code_at + i * kTileRows] = static_cast<uint8_t>(static_cast<int8_t>(q));
-          }
-        }
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row = t * kTileRows;
+      if (!encode_tile(sp + row * groups, op + row * groups, w + row * half_k, groups, sb, half_k,
+                       scp + row * groups, ocp + row * groups, fp + row * 2 * supers)) {
+        bad = true;
       }
     }
   });
   TORCH_CHECK(!bad, "rows16_group_codes_inplace: group codes need finite scales >= 0 and finite offsets");
-  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, qweight.size(1));
+  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, half_k);
   return {scale_codes, offset_codes, factors};
 }
 
