@@ -82,6 +82,16 @@ EDGE_VNNI inline __m512 widen_bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
 
+// The offset term of a tile's R outputs, group by group: acc[r] += offset_g * (sum of row r's x over
+// group g), for any Groups below with offset_of.
+template <int R, typename Groups>
+EDGE_VNNI void add_offset_terms_by_group(const Groups& meta, const float* const* gs, __m512* acc, int64_t groups) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512 offset = meta.offset_of(g);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(gs[r][g]), acc[r]);
+  }
+}
+
 // A tile's per-group scales and offsets (16 rows each), in one of the two resident forms. The
 // kernels take either as a template parameter; its methods give a group's 16 values as fp32 lanes.
 // Bf16Groups: the stored bf16 values, [group][16 rows] each.
@@ -93,6 +103,10 @@ struct Bf16Groups {
   }
   EDGE_VNNI __m512 scale_of(int64_t g) const { return widen_bf16x16(scale + g * kTileRows); }
   EDGE_VNNI __m512 offset_of(int64_t g) const { return widen_bf16x16(offset + g * kTileRows); }
+  template <int R>
+  EDGE_VNNI void add_offset_terms(const float* const* gs, __m512* acc, int64_t groups) const {
+    add_offset_terms_by_group<R>(*this, gs, acc, groups);
+  }
 };
 
 // CodeGroups: 8-bit codes [group][16 rows] for scales and for offsets, and bf16 factors
@@ -119,6 +133,25 @@ struct CodeGroups {
     const __m512i values = _mm512_mask_blend_epi32(magnitudes, _mm512_cvtepi8_epi32(codes), _mm512_cvtepu8_epi32(codes));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(values), m);
   }
+  // The offset term a superblock at a time: M * sum of code_g * (sum of x over group g), the
+  // factor and the code signedness taken once per superblock.
+  template <int R>
+  EDGE_VNNI void add_offset_terms(const float* const* gs, __m512* acc, int64_t groups) const {
+    for (int64_t su = 0; su < groups / superblock; ++su) {
+      const __m512 m = widen_bf16x16(factor + su * 2 * kTileRows + kTileRows);
+      const __mmask16 magnitudes = _mm512_movepi32_mask(_mm512_castps_si512(m));
+      __m512 sum[R];
+      for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < superblock; ++i) {
+        const int64_t g = su * superblock + i;
+        const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(offset + g * kTileRows));
+        const __m512 c = _mm512_cvtepi32_ps(
+            _mm512_mask_blend_epi32(magnitudes, _mm512_cvtepi8_epi32(codes), _mm512_cvtepu8_epi32(codes)));
+        for (int r = 0; r < R; ++r) sum[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(gs[r][g]), sum[r]);
+      }
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(sum[r], m, acc[r]);
+    }
+  }
 };
 
 // One tile (16 weight rows) against R activation rows; outputs to out[r * N + j].
@@ -140,10 +173,7 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const Groups& meta, int64_t K, int6
     gs[r] = a.group_sum + (row0 + r) * groups;
     acc[r] = _mm512_setzero_ps();
   }
-  for (int64_t g = 0; g < groups; ++g) {  // offset term: m_j,g * sum of x over group g
-    const __m512 offset = meta.offset_of(g);
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(gs[r][g]), acc[r]);
-  }
+  meta.template add_offset_terms<R>(gs, acc, groups);  // m_j,g * sum of x over group g
   __m512 wscale = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* wb = w + b * kTileBlockBytes;
@@ -181,6 +211,10 @@ struct F32Groups {
   const float* offset;
   EDGE_VNNI __m512 scale_of(int64_t g) const { return _mm512_loadu_ps(scale + g * kTileRows); }
   EDGE_VNNI __m512 offset_of(int64_t g) const { return _mm512_loadu_ps(offset + g * kTileRows); }
+  template <int R>
+  EDGE_VNNI void add_offset_terms(const float* const* gs, __m512* acc, int64_t groups) const {
+    add_offset_terms_by_group<R>(*this, gs, acc, groups);
+  }
 };
 
 template <typename Groups>
