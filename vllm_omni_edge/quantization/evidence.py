@@ -4,8 +4,9 @@
 "dense_prefill_copy": 0, "group_codes": 0}``.
 "fallback" counts layers on the slow dequantize-per-call kernel, "group_codes" those whose
 scales and offsets the kernel keeps as 8-bit codes (``group_codes.py``); layers left unquantized
-(online quantization of a shape the format cannot hold) count as "<kind>:unquantized". When every layer the config handed a method to has been
-processed, one INFO line summarises the choices.
+(online quantization of a shape the format cannot hold) count as "<kind>:unquantized". When
+every layer the config handed a method to has been processed, one INFO line summarises the
+choices.
 
 ``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196}``: calls of the rows16 ops in this
 process by the path the op took (the W4A8 tiles, or the bf16 GEMM it branches to for
