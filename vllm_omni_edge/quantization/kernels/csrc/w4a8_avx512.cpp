@@ -3,8 +3,10 @@
 // of 32 as w4a8_avx2.cpp (the same integer dot products, vpdpbusd instead of maddubs).
 //
 // Ops: w4a8_vnni_rows16_mm (a linear), w4a8_vnni_rows16_silu_mlp (down(silu(gate) * up) in one
-// call), interleave_rows16_inplace (the stored layout to the 16-row one, at load), rows16_dequantize,
-// set_bf16_prefill and rows16_path_counts (the prefill path's setting and counters).
+// call), rows16_group_codes_inplace and interleave_rows16_inplace (the stored layout to the 16-row
+// one at load, with 8-bit group codes or with the stored bf16 scales and offsets; the linear ops
+// read either), rows16_dequantize, set_bf16_prefill and rows16_path_counts (the prefill path's
+// setting and counters).
 // The vector functions carry their own target attribute, so the library still loads, and
 // w4a8_mm still runs, on AVX2-only CPUs; these ops refuse to run on a CPU without VNNI.
 #include "w4a8_common.h"
