@@ -190,6 +190,42 @@ def test_a_cpu_int4_cache_built_with_an_older_default_format_is_rebuilt(tmp_path
     assert said == [] and (out / "model.safetensors").stat().st_mtime_ns == mtime
 
 
+def test_an_embedded_models_build_from_before_6bit_layers_is_rebuilt_with_them(tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from tests.gguf_tiny import quantized_copy, write_tiny_gguf
+    from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf, read_grid_types
+    from vllm_omni_edge.quantization import builder
+    from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, verify_manifest
+
+    gguf = quantized_copy(write_tiny_gguf(tmp_path / "tiny.gguf", "llama"), "q4_k_m")  # Q6_K: its head, ...
+    grids = tmp_path / "grids.safetensors"
+    source = convert_gguf_to_hf(gguf, tmp_path / "bf16", grids_out=grids)
+    out = tmp_path / "built"
+    monkeypatch.setattr(dm, "cpu_int4_model_dir", lambda model: out)
+    monkeypatch.setattr(dm, "model_dir", lambda model: source)
+    monkeypatch.setattr(dm, "pull_model", lambda model, progress=None: source)
+    monkeypatch.setattr(dm, "ensure_gguf", lambda model, progress=None: gguf)
+    monkeypatch.setattr(dm, "grids_path", lambda model: grids)
+    # A cache from before: every matrix 4-bit, no six_bit_layers in its manifest, grids with no types.
+    builder.build_cpu_int4_checkpoint(source, out, progress=False, grids=grids, promoted_bits=4)
+    manifest = verify_manifest(out)
+    manifest.pop("six_bit_layers")
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+    save_file(load_file(str(grids)), str(grids))  # the same grids, without the types metadata
+    assert read_grid_types(grids) is None
+    said = []
+    dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
+    assert said[:2] == ["rebuilding: the builder now keeps the GGUF's higher-precision tensors at 6 bits",
+                        "reading the GGUF's 4-bit grids and tensor types"]
+    assert read_grid_types(grids)["lm_head.weight"] == "Q6_K"
+    listed = json.loads((out / "config.json").read_text())["quantization_config"]["six_bit"]
+    assert "lm_head" in listed and verify_manifest(out)["six_bit_layers"] == listed
+    said.clear()
+    dm.pull_cpu_int4_model(dm.DEFAULT_MODEL, progress=said.append)
+    assert said == []
+
+
 def test_an_embedded_models_cpu_int4_build_keeps_its_ggufs_4bit_codes(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 

@@ -61,6 +61,22 @@ def test_a_build_that_re_quantized_the_files_4bit_weights_is_rebuilt(tiny_llama,
     assert "gguf_grid_tensors" in read_manifest(built)
 
 
+def test_a_build_from_before_6bit_layers_is_rebuilt(tmp_path, isolated_cache):
+    import json
+
+    from tests.gguf_tiny import quantized_copy
+    from vllm_omni_edge.quantization.manifest import MANIFEST_NAME, read_manifest
+
+    gguf = quantized_copy(write_tiny_gguf(tmp_path / "tiny.gguf", "llama"), "q4_k_m")
+    built = gguf_serving.serving_checkpoint(gguf, show_progress=False)
+    manifest = read_manifest(built)
+    assert "lm_head" in manifest["six_bit_layers"]
+    del manifest["six_bit_layers"]  # as written before the builder kept Q6_K matrices at 6 bits
+    (built / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert gguf_serving.serving_checkpoint(gguf, show_progress=False) == built
+    assert "lm_head" in read_manifest(built)["six_bit_layers"]
+
+
 def test_an_architecture_cpu_int4_does_not_take_is_served_in_bf16(tmp_path, isolated_cache):
     phi3 = write_tiny_gguf(tmp_path / "tiny-phi3.gguf", "phi3")
     built = gguf_serving.serving_checkpoint(phi3, show_progress=False)

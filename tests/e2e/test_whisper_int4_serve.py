@@ -99,7 +99,7 @@ def test_every_whisper_linear_and_the_head_ran_on_a_cpu_int4_kernel(server):
     coded = (linears if routed(d) == ROWS16 else 0) + (head == ROWS16)
     assert worker["cpu_int4_kernels"] == {f"linear:{routed(d)}": linears, f"lm_head:{head}": 1,
                                           f"embedding:gather_{layout}": 1, "fallback": 0, "dense_prefill_copy": 0,
-                                          "group_codes": coded}
+                                          "group_codes": coded, "six_bit": 0}
     assert worker["cpu_int4_other_layers"] == []
     by_dtype = worker["weights_bytes_by_dtype"]
     # The weights at 4 bits (half a byte each) are the only uint8 tensors, with the rows16 layers'

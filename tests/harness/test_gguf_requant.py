@@ -82,16 +82,18 @@ def test_dequantized_checkpoint_holds_the_stored_weights(tiny_q4_k_m, tmp_path):
     refw = load_file(str(ref / "model.safetensors"))
     config = json.loads((tmp_path / "dq" / "config.json").read_text())
     assert "quantization_config" not in config
-    assert not any(k.endswith((".qweight", ".scales", ".zeros")) for k in out)
-    p = "model.layers.1.self_attn.v_proj"
-    expect = dequantize(stored[f"{p}.qweight"], stored[f"{p}.scales"], stored[f"{p}.zeros"]).to(torch.bfloat16)
+    assert not any(k.endswith((".qweight", ".qweight_high", ".scales", ".zeros")) for k in out)
+    p = "model.layers.1.self_attn.v_proj"  # Q6_K in the file: stored with 6-bit codes
+    expect = dequantize(stored[f"{p}.qweight"], stored[f"{p}.scales"], stored[f"{p}.zeros"],
+                        qweight_high=stored[f"{p}.qweight_high"]).to(torch.bfloat16)
     assert torch.equal(out[f"{p}.weight"], expect)
     assert not torch.equal(out[f"{p}.weight"], refw[f"{p}.weight"])  # 4-bit, not the reference
     assert torch.equal(out["model.layers.0.mlp.down_proj.weight"], refw["model.layers.0.mlp.down_proj.weight"])
     assert sizes["stored"] == (int4 / "model.safetensors").stat().st_size - _header_bytes(int4 / "model.safetensors")
     kept = refw["model.layers.0.mlp.down_proj.weight"]
     four_bit = sum(stored[f"model.layers.0.mlp.down_proj.{s}"].numel() * stored[
-        f"model.layers.0.mlp.down_proj.{s}"].element_size() for s in ("qweight", "scales", "zeros"))
+        f"model.layers.0.mlp.down_proj.{s}"].element_size() for s in ("qweight", "qweight_high", "scales", "zeros")
+        if f"model.layers.0.mlp.down_proj.{s}" in stored)
     assert sizes["with_kept"] == sizes["stored"] + kept.numel() * 2 - four_bit
 
 
@@ -150,7 +152,7 @@ def test_cli_refuses_a_missing_file(tmp_path, capsys):
 
 
 def test_measure_file_on_a_tiny_q4_k_m(tiny_q4_k_m, tmp_path):
-    variants = gr.parse_variants("int4,again,default,keep-promoted,requantized")
+    variants = gr.parse_variants("int4,again,default,keep-promoted,requantized,six-bit")
     r = gr.measure_file(tiny_q4_k_m, tmp_path, variants, tokens=96, window=64, stride=32, llamacpp=False)
     rows = r["variants"]
     assert r["positions"] > 0 and r["promoted"]
@@ -168,5 +170,8 @@ def test_measure_file_on_a_tiny_q4_k_m(tiny_q4_k_m, tmp_path):
     # The same formats with the file's Q4_K weights re-quantized instead of kept on their grid: worse.
     assert rows["requantized"]["weights_bytes"] == rows["int4"]["weights_bytes"]
     assert rows["requantized"]["kld_mean"] > rows["int4"]["kld_mean"]
+    # The promoted tensors with 6-bit codes: more bytes than all-4-bit, closer to the file.
+    assert rows["six-bit"]["weights_bytes"] > rows["int4"]["weights_bytes"]
+    assert rows["six-bit"]["kld_mean"] < rows["int4"]["kld_mean"]
     report = gr.render_report("tiny", [r], "test box", "cmd")
     assert "| keep-promoted |" in report and "test box" in report

@@ -93,7 +93,8 @@ def test_stage_latency_rows_read_vllm_omni_summary():
 
 
 def worker(pid: int, stage: int, int4: bool) -> dict:
-    kernels = ({"linear:int4pack": 14, "lm_head:int4pack": 1, "fallback": 0, "dense_prefill_copy": 0, "group_codes": 0}
+    kernels = ({"linear:int4pack": 14, "lm_head:int4pack": 1, "fallback": 0, "dense_prefill_copy": 0, "group_codes": 0,
+                "six_bit": 0}
                if int4 else {})
     return {"pid": pid, "omni_stage_id": stage, "quantization": "cpu_int4" if int4 else None,
             "cpu_int4_kernels": kernels}

@@ -55,5 +55,5 @@ def test_default_model_on_avx2_w4a8_answers_paris_in_the_worker(default_model, t
     # Every linear layer and the head ran on the C++ op, in the worker process.
     # The tied head's default: int8 embedding rows, the head its own 4-bit copy.
     expected = {"linear:avx2_w4a8": 120, "lm_head:avx2_w4a8": 1, "embedding:gather_int8": 1,
-                "fallback": 0, "dense_prefill_copy": 0, "group_codes": 0}
+                "fallback": 0, "dense_prefill_copy": 0, "group_codes": 0, "six_bit": 0}
     assert worker["cpu_int4_kernels"] == expected, worker["cpu_int4_kernels"]

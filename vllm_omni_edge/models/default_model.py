@@ -31,7 +31,7 @@ from pathlib import Path
 
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.cache_paths import cache_root
-from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf, write_gguf_grids
+from vllm_omni_edge.models.gguf_to_hf import convert_gguf_to_hf, read_grid_types, write_gguf_grids
 from vllm_omni_edge.models.tokenizer_config import add_added_tokens
 
 
@@ -181,6 +181,8 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
                 say("rebuilding: the builder's default format for this model changed")
             elif from_gguf and "gguf_grid_tensors" not in manifest:
                 say("rebuilding: the builder now keeps the GGUF's 4-bit codes")
+            elif from_gguf and "six_bit_layers" not in manifest:
+                say("rebuilding: the builder now keeps the GGUF's higher-precision tensors at 6 bits")
             else:
                 add_added_tokens(out)  # a checkpoint built before the builder wrote them
                 return out
@@ -190,8 +192,9 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
     grids = None
     if from_gguf:
         grids = grids_path(model)
-        if not grids.is_file():  # a checkpoint converted before the grids were kept beside the GGUF
-            say("reading the GGUF's 4-bit grids")
+        # Converted before the grids were kept beside the GGUF, or before they recorded its types.
+        if not grids.is_file() or read_grid_types(grids) is None:
+            say("reading the GGUF's 4-bit grids and tensor types")
             grids = write_gguf_grids(ensure_gguf(model, progress=progress), grids)
     say("quantizing to cpu_int4")
     build_cpu_int4_checkpoint(source, out, progress=False, overwrite=True, grids=grids)

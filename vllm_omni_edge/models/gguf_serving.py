@@ -43,7 +43,8 @@ def build_dir(path: Path, digest: str, kind: str) -> Path:
 
 def _good(directory: Path, head: str | None = None) -> bool:
     """Complete (directories appear whole), where a cpu_int4 manifest lists files intact, built
-    keeping the file's 4-bit codes, and (``head``) with the head format the builder now uses for a GGUF."""
+    keeping the file's 4-bit codes and its higher-precision matrices at 6 bits, and (``head``) with the
+    head format the builder now uses for a GGUF."""
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     if not (directory / "config.json").is_file():
@@ -61,6 +62,10 @@ def _good(directory: Path, head: str | None = None) -> bool:
     if manifest is not None and "gguf_grid_tensors" not in manifest:
         logger.info("%s re-quantized the file's 4-bit weights, the builder now keeps their codes; "
                     "building it again", directory)
+        return False
+    if manifest is not None and "six_bit_layers" not in manifest:
+        logger.info("%s stored every matrix 4-bit, the builder now keeps the file's higher-precision ones "
+                    "at 6 bits; building it again", directory)
         return False
     return True
 

@@ -126,6 +126,12 @@ SUPPORTED_GGUF_ARCHITECTURES = tuple(ARCHS)
 # gguf dequantizes more (IQ*, TQ*, MXFP4); those are refused until compared too.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Bits a weight of each type takes in the file, block scales included (ggml's block sizes).
+BITS_PER_WEIGHT = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0,
+                   "Q5_0": 5.5, "Q5_1": 6.0, "Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5, "Q5_K": 5.5,
+                   "Q6_K": 6.5625}
+# The grids file's metadata key: each weight's GGUF type by its Hugging Face name (JSON).
+GRID_TYPES_KEY = "gguf_types"
 
 
 # ---------------------------------------------------------------------------
@@ -457,12 +463,13 @@ def _plan(reader, meta_values: dict[str, Any], gguf_path: Path) -> _Plan:
 
 
 def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None] | None = None,
-                    grids: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
-                    ) -> Iterator[tuple[str, np.ndarray]]:
+                    grids: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                    types: dict[str, str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(Hugging Face name, float32 array) for every weight of the model, GGUF conventions undone.
 
     ``grids``, if given, receives each 4-bit weight's own grid (:func:`grid_of`) under its
-    Hugging Face name, its rows in the yielded order (tensors phi3 fuses get none).
+    Hugging Face name, its rows in the yielded order (tensors phi3 fuses get none); ``types``
+    each weight's GGUF type name (not for fused tensors).
     """
     spec, cfg = plan.spec, plan.config
     arch = spec.gguf_arch
@@ -504,6 +511,8 @@ def iter_hf_tensors(reader, plan: _Plan, *, progress: Callable[[int, int], None]
         seen.add(name)
         if grid is not None:
             grids[name] = grid
+        if types is not None and suffix == "weight":
+            types[name] = tensor.tensor_type.name
         yield name, data
     if pending:
         raise UnsupportedCheckpointError(f"incomplete fused tensors for phi3: {sorted(k[1] for k in pending)}")
@@ -667,26 +676,36 @@ def _generation_config(config, meta: dict[str, Any]):
 # The whole conversion
 
 
-def _save_grids(grids: dict[str, tuple[np.ndarray, np.ndarray]], out: Path) -> None:
+def _save_grids(grids: dict[str, tuple[np.ndarray, np.ndarray]], out: Path, types: dict[str, str]) -> None:
     import torch
     from safetensors.torch import save_file
 
     with atomic_file(out) as partial:  # complete or absent
         save_file({f"{name}.{part}": torch.from_numpy(np.ascontiguousarray(value))
-                   for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial))
+                   for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial),
+                  metadata={GRID_TYPES_KEY: json.dumps(types, sort_keys=True)})
 
 
-def write_gguf_grids(gguf_path: Path, out: Path) -> Path | None:
-    """The 4-bit grids ``convert_gguf_to_hf(grids_out=out)`` writes, without the conversion
-    (for a checkpoint converted before); None, and nothing written, when the file has none."""
+def read_grid_types(path: Path) -> dict[str, str] | None:
+    """The GGUF types a grids file records by Hugging Face weight name; None if it records none
+    (written before it did)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get(GRID_TYPES_KEY)
+    return json.loads(raw) if raw is not None else None
+
+
+def write_gguf_grids(gguf_path: Path, out: Path) -> Path:
+    """The grids file ``convert_gguf_to_hf(grids_out=out)`` writes, without the conversion
+    (for a checkpoint converted before)."""
     reader = _open_reader(Path(gguf_path))
     plan = _plan(reader, _metadata(reader), Path(gguf_path))
     grids: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for _ in iter_hf_tensors(reader, plan, grids=grids):
+    types: dict[str, str] = {}
+    for _ in iter_hf_tensors(reader, plan, grids=grids, types=types):
         pass
-    if not grids:
-        return None
-    _save_grids(grids, Path(out))
+    _save_grids(grids, Path(out), types)
     return Path(out)
 
 
@@ -702,7 +721,8 @@ def convert_gguf_to_hf(
     atomic write, so a directory with a manifest is always complete.
     ``grids_out``, if given, gets the 4-bit weights' own grids (:func:`grid_of`) as float32
     ``<name>.scale`` / ``<name>.offset`` safetensors, outside the checkpoint (a loader would
-    take a file inside it for weights); it is not written when the file has no 4-bit weight.
+    take a file inside it for weights), and every weight's GGUF type in its metadata
+    (:func:`read_grid_types`).
     """
     gguf_path = Path(gguf_path)
     if not gguf_path.is_file():
@@ -722,10 +742,11 @@ def convert_gguf_to_hf(
 
     step("dequantizing GGUF to bf16")
     grids: dict[str, tuple[np.ndarray, np.ndarray]] | None = {} if grids_out is not None else None
+    types: dict[str, str] = {}
     state = {name: torch.from_numpy(np.array(value, dtype=np.float32, copy=True)).to(torch.bfloat16)
-             for name, value in iter_hf_tensors(reader, plan, grids=grids)}
-    if grids:
-        _save_grids(grids, Path(grids_out))
+             for name, value in iter_hf_tensors(reader, plan, grids=grids, types=types)}
+    if grids_out is not None:
+        _save_grids(grids, Path(grids_out), types)
         del grids
     with atomic_directory(Path(out_dir)) as tmp:
         step("writing safetensors")

@@ -13,7 +13,11 @@ writes format 2 instead: the embedding copied unchanged, a tied head given its
 own 4-bit ``lm_head.*`` and ``tie_word_embeddings: false`` (vLLM's llama/qwen2
 would otherwise point the head at the bf16 embedding). ``--head bf16`` keeps the output
 head unquantized (``lm_head: false``; with a bf16 embedding, so a tied head is stored once,
-as the embedding, and stays tied). The directory
+as the embedding, and stays tied). From a GGUF, the linears and the untied head the file stores
+at more bits than its main linear type (a Q4_K_M's Q6_K ``attn_v``, ``ffn_down`` and ``output``)
+are stored with 6-bit codes (``int4.quantize_6bit``; ``--promoted-bits 4``: 4-bit like the rest),
+and the other parts of a layer vLLM merges with one of them (q/k/v, gate/up) too, on their own
+4-bit grid where they have one. The directory
 appears complete or not at all, carries a size/SHA-256 manifest that loading
 verifies (and lists the layers stored 4-bit and the tensor classes kept), and is
 re-read and checked before it is published.
@@ -52,7 +56,12 @@ import torch
 
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.log import get_logger
-from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError, convert_gguf_to_hf
+from vllm_omni_edge.models.gguf_to_hf import (
+    BITS_PER_WEIGHT,
+    UnsupportedCheckpointError,
+    convert_gguf_to_hf,
+    read_grid_types,
+)
 from vllm_omni_edge.models.tokenizer_config import add_added_tokens
 from vllm_omni_edge.quantization.int4 import (
     BITS,
@@ -76,6 +85,7 @@ from vllm_omni_edge.quantization.int4 import (
     format_version_for,
     group_size_for,
     quantize,
+    quantize_6bit,
     quantize_on_grid,
     quantize_rows_int8,
 )
@@ -114,6 +124,14 @@ LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
 )
 EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
 EMBEDDING_INT8 = "embedding int8"
+LINEAR_6BIT, HEAD_6BIT = "linear 6-bit", "head 6-bit"
+# Bits for the tensors a GGUF stores at more bits than its main linear type: 6 keeps most of
+# what the file's author gave them (Q6_K: 6.56 bits; our 6-bit codes 6.625 with bf16 pairs), 4
+# stores them like the rest.
+PROMOTED_BITS = (6, 4)
+DEFAULT_PROMOTED_BITS = 6
+# Layers vLLM loads as one (llama-style decoders): a 6-bit part makes the merged layer 6-bit.
+MERGED_PARTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 HEAD_BF16 = "head bf16"
 CONV, POSITIONS, ZERO_K_BIAS = "conv", "positions", "k bias (zero)"  # Whisper's kept tensors
 WHISPER_KEPT = (
@@ -148,6 +166,8 @@ class BuildReport:
     tensors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     source_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     written_bytes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Layers stored with 6-bit codes (qweight_high beside qweight).
+    six_bit: list[str] = field(default_factory=list)
     # Tensors per class stored on their GGUF 4-bit grid (the file's codes kept), not re-quantized.
     on_gguf_grid: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     # Relative RMS error ||W - dequant(W)|| / ||W|| over all tensors of a class.
@@ -158,7 +178,7 @@ class BuildReport:
         return (self._sq_err[row] / self._sq_ref[row]) ** 0.5 if self._sq_ref.get(row) else None
 
     def table(self) -> str:
-        order = (LINEAR_4BIT, HEAD_4BIT, HEAD_BF16, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS,
+        order = (LINEAR_4BIT, LINEAR_6BIT, HEAD_4BIT, HEAD_6BIT, HEAD_BF16, EMBEDDING_4BIT, TIED_4BIT, EMBEDDING_INT8, EMBEDDING_ROW, NORMS,
                  BIASES, ZERO_K_BIAS, CONV, POSITIONS, OTHER)
         rows = [r for r in order if self.tensors.get(r)]
         header = ("tensor class", "tensors", "source MiB", "written MiB", "rel. RMS err")
@@ -199,6 +219,7 @@ def build_cpu_int4_checkpoint(
     embedding: str | None = None,
     head: str | None = None,
     grids: Path | str | None = None,
+    promoted_bits: int = DEFAULT_PROMOTED_BITS,
 ) -> BuildReport:
     """Quantize ``src`` (HF directory or ``.gguf``) into a cpu_int4 checkpoint at ``out``.
 
@@ -208,7 +229,9 @@ def build_cpu_int4_checkpoint(
 
     ``embedding="int4"`` writes format 3 (input embedding 4-bit), ``"bf16"`` format 2.
     ``head="bf16"`` leaves the output head unquantized; it needs ``embedding="bf16"``.
-    Left as None, both follow the source (:func:`default_formats`).
+    Left as None, both follow the source (:func:`default_formats`). ``promoted_bits``: 6 stores
+    the tensors a GGUF keeps at more bits than its main type with 6-bit codes (its types come from
+    the file, or from ``grids``), 4 like the rest.
     """
     src, out = Path(src).expanduser(), Path(out).expanduser()
     embedding, head = build_formats(src, embedding, head)
@@ -216,6 +239,8 @@ def build_cpu_int4_checkpoint(
     check_zero_point(zero_point)
     check_embedding_format(embedding)
     check_head_format(head, embedding)
+    if promoted_bits not in PROMOTED_BITS:
+        raise ValueError(f"promoted_bits must be one of {PROMOTED_BITS}, got {promoted_bits!r}")
     if not src.exists():
         raise FileNotFoundError(f"source checkpoint not found: {src}")
     if out.exists() and not overwrite:
@@ -238,9 +263,34 @@ def build_cpu_int4_checkpoint(
             grid_file = Path(tmp) / GGUF_GRIDS
             hf_dir = convert_gguf_to_hf(src, Path(tmp) / "bf16", progress=step, grids_out=grid_file)
             return _build_from_hf_dir(hf_dir, out, group_size, progress, zero_point, embedding, head,
-                                      grids=grid_file if grid_file.exists() else None)
+                                      grids=grid_file if grid_file.exists() else None,
+                                      promoted_bits=promoted_bits)
     return _build_from_hf_dir(src, out, group_size, progress, zero_point, embedding, head,
-                              grids=Path(grids).expanduser() if grids is not None else None)
+                              grids=Path(grids).expanduser() if grids is not None else None,
+                              promoted_bits=promoted_bits)
+
+
+def six_bit_modules(types: dict[str, str] | None, promoted_bits: int = DEFAULT_PROMOTED_BITS) -> set[str]:
+    """Module names to store 6-bit, from a GGUF's weight types by Hugging Face name: the linears and
+    the head the file stores at more bits than its main linear type (the most common one), with the
+    other parts of a merged layer (``MERGED_PARTS``). Empty for 4-bit promotions or no types."""
+    if promoted_bits != 6 or not types:
+        return set()
+    linears = {n: t for n, t in types.items() if LINEAR_WEIGHT.match(n)}
+    if not linears:
+        return set()
+    counts: dict[str, int] = defaultdict(int)
+    for t in linears.values():
+        counts[t] += 1
+    main_bits = BITS_PER_WEIGHT.get(max(counts, key=counts.get), 0.0)
+    promoted = {n.removesuffix(".weight") for n, t in {**linears, HEAD: types.get(HEAD, "")}.items()
+                if BITS_PER_WEIGHT.get(t, 0.0) > main_bits}
+    for name in list(promoted):
+        parent, _, part = name.rpartition(".")
+        for group in MERGED_PARTS:
+            if part in group:
+                promoted.update(f"{parent}.{p}" for p in group if f"{parent}.{p}.weight" in types)
+    return promoted
 
 
 def gguf_ties_head(path: Path) -> bool:
@@ -397,8 +447,8 @@ def _classify_kept(name: str, tensor: torch.Tensor) -> str:
 
 def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
                        zero_point: str, embedding: str = DEFAULT_EMBEDDING, head: str = DEFAULT_HEAD,
-                       grids: Path | None = None) -> BuildReport:
-    """``grids``: the source GGUF's 4-bit grids (``convert_gguf_to_hf(grids_out=...)``), if any."""
+                       grids: Path | None = None, promoted_bits: int = DEFAULT_PROMOTED_BITS) -> BuildReport:
+    """``grids``: the source GGUF's grids file (``convert_gguf_to_hf(grids_out=...)``), if any."""
     config = _read_source_config(src)
     if config["model_type"] in ENCODER_DECODER_MODEL_TYPES:
         with contextlib.ExitStack() as stack:
@@ -419,9 +469,12 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
             from safetensors import safe_open
 
             grid_file = stack.enter_context(safe_open(str(grids), framework="pt"))
+        six_bit = set()
+        if zero_point == "float" and group_size == DEFAULT_GROUP_SIZE:  # what the 6-bit kernels read
+            six_bit = six_bit_modules(read_grid_types(grids) if grids is not None else None, promoted_bits)
         report, written, quantized_prefixes = _quantize_tensors(
             src, out, _open_source_tensors(src, stack), config, group_size, progress, zero_point, embedding, head,
-            grid_file
+            grid_file, six_bit=six_bit
         )
     if head == "bf16":
         tied = HEAD not in written  # the head is the stored embedding
@@ -429,8 +482,9 @@ def _build_from_hf_dir(src: Path, out: Path, group_size: int, progress: bool,
         tied = embedding == "int4" and report.tensors.get(TIED_4BIT, 0) > 0
     _write_checkpoint(src, out, config, group_size, zero_point, written, quantized_prefixes, embedding, tied, head,
                       report=report)
-    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding, %s head%s)", out,
-                group_size, zero_point, embedding, head, ", tied" if tied else "")
+    logger.info("wrote cpu_int4 checkpoint %s (group size %d, %s zero points, %s embedding, %s head%s; %d layers "
+                "6-bit)", out, group_size, zero_point, embedding, head, ", tied" if tied else "",
+                len(report.six_bit))
     return report
 
 
@@ -440,10 +494,12 @@ def _quantize_tensors(
     embedding: str = DEFAULT_EMBEDDING,
     head: str = DEFAULT_HEAD,
     grids=None,
+    six_bit: set[str] | frozenset[str] = frozenset(),
 ):
     """All output tensors in memory, and the report of what was done to each class.
 
-    ``grids``: an open safetensors file of GGUF 4-bit grids by source tensor name, or None.
+    ``grids``: an open safetensors file of GGUF 4-bit grids by source tensor name, or None;
+    ``six_bit``: module names to store with 6-bit codes (:func:`six_bit_modules`).
     """
     from tqdm import tqdm
 
@@ -468,13 +524,17 @@ def _quantize_tensors(
         grid = None
         if f"{source}.scale" in grid_names:
             grid = grids.get_tensor(f"{source}.scale"), grids.get_tensor(f"{source}.offset")
+        if prefix in six_bit:
+            _store_6bit(report, written, quantized_prefixes, prefix, weight, row, group_size, grid)
+            return
         _store_4bit(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point, grid)
 
     names = sorted(n for n in where if n != HEAD)
     for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
         tensor = where[name].get_tensor(name)
         if LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
-            store_4bit(name.removesuffix(".weight"), tensor, LINEAR_4BIT, name)
+            prefix = name.removesuffix(".weight")
+            store_4bit(prefix, tensor, LINEAR_6BIT if prefix in six_bit else LINEAR_4BIT, name)
             continue
         if name == EMBEDDING and embedding == "int4":
             store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT, name)
@@ -500,10 +560,12 @@ def _quantize_tensors(
             report.source_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
             report.written_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
     elif not tied_int4:
-        store_4bit("lm_head", where[head_source].get_tensor(head_source), HEAD_4BIT, head_source)
+        six_bit = six_bit if head_source == HEAD else six_bit - {"lm_head"}  # a copy of the embedding: 4-bit
+        store_4bit("lm_head", where[head_source].get_tensor(head_source),
+                   HEAD_6BIT if "lm_head" in six_bit else HEAD_4BIT, head_source)
     if head_source == EMBEDDING and not tied_int4 and head != "bf16":
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
-    if not report.tensors.get(LINEAR_4BIT):
+    if not (report.tensors.get(LINEAR_4BIT) or report.tensors.get(LINEAR_6BIT)):
         raise UnsupportedCheckpointError(
             f"{src} has no tensors named like linear layers ({LINEAR_WEIGHT.pattern})"
         )
@@ -531,6 +593,29 @@ def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str
         report.written_bytes[row] += t.numel() * t.element_size()
     report.tensors[row] += 1
     report.source_bytes[row] += weight.numel() * weight.element_size()
+    quantized_prefixes.append(prefix)
+
+
+def _store_6bit(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
+                weight: torch.Tensor, row: str, group_size: int,
+                grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """A 6-bit layer (``int4.quantize_6bit``); a weight on its own GGUF 4-bit grid (the other parts
+    of a merged layer) keeps the file's codes, their top bits 0."""
+    if grid is not None and group_size * grid[0].shape[-1] == weight.shape[1]:
+        qweight, scales, zeros = quantize_on_grid(weight, *grid, what=prefix)
+        qweight_high = torch.zeros(weight.shape[0], weight.shape[1] // 4, dtype=torch.uint8)
+        report.on_gguf_grid[row] += 1
+    else:
+        qweight, qweight_high, scales, zeros = quantize_6bit(weight, group_size, what=prefix)
+    ref = weight.float()
+    report._sq_err[row] += float((dequantize(qweight, scales, zeros, qweight_high=qweight_high) - ref).square().sum())
+    report._sq_ref[row] += float(ref.square().sum())
+    for suffix, t in (("qweight", qweight), ("qweight_high", qweight_high), ("scales", scales), ("zeros", zeros)):
+        written[f"{prefix}.{suffix}"] = t
+        report.written_bytes[row] += t.numel() * t.element_size()
+    report.tensors[row] += 1
+    report.source_bytes[row] += weight.numel() * weight.element_size()
+    report.six_bit.append(prefix)
     quantized_prefixes.append(prefix)
 
 
@@ -640,6 +725,9 @@ def _write_checkpoint(
     }
     if version >= 3:
         out_config["quantization_config"]["embedding"] = embedding
+    six_bit = sorted(report.six_bit) if report is not None else []
+    if six_bit:
+        out_config["quantization_config"]["six_bit"] = six_bit
     with atomic_directory(out) as tmp:
         save_file(
             written,
@@ -665,11 +753,12 @@ def _write_checkpoint(
             info["head"] = "int4, tied to the token embedding (one copy)" if tied else "int4, its own proj_out"
         if report is not None:
             info["gguf_grid_tensors"] = sum(report.on_gguf_grid.values())
+            info["six_bit_layers"] = six_bit
             info["kept_unquantized"] = {row: n for row, n in sorted(report.tensors.items())
                                         if n and row not in (LINEAR_4BIT, HEAD_4BIT, EMBEDDING_4BIT, TIED_4BIT,
                                                              EMBEDDING_INT8)}
         write_manifest(tmp, [OUTPUT_WEIGHTS, "config.json"], info)
-        _verify_written(tmp, quantized_prefixes, embedding, tied, head,
+        _verify_written(tmp, quantized_prefixes, embedding, tied, head, six_bit=six_bit,
                         linear_pattern=WHISPER_LINEAR_WEIGHT if encoder_decoder else LINEAR_WEIGHT,
                         zero_k_bias=encoder_decoder,
                         embedding_prefix=WHISPER_EMBEDDING_PREFIX if encoder_decoder else EMBEDDING_PREFIX,
@@ -688,8 +777,9 @@ def _is_copied_metadata(path: Path) -> bool:
 def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: str = DEFAULT_EMBEDDING,
                     tied: bool = False, head: str = DEFAULT_HEAD, linear_pattern: re.Pattern = LINEAR_WEIGHT,
                     zero_k_bias: bool = False, embedding_prefix: str = EMBEDDING_PREFIX,
-                    head_prefix: str = "lm_head") -> None:
-    """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit."""
+                    head_prefix: str = "lm_head", six_bit: list[str] = ()) -> None:
+    """Re-read what was written: every linear layer, the head and (format 3) the embedding must be 4-bit
+    (``six_bit`` layers: 6-bit, their top-bits plane [N, K/4] present)."""
     head_weight = f"{head_prefix}.weight"
     from safetensors import safe_open
 
@@ -711,6 +801,12 @@ def _verify_written(directory: Path, quantized_prefixes: list[str], embedding: s
                 problems.append(str(exc))
             if scales.dtype != SCALE_DTYPE:
                 problems.append(f"{prefix}: scales are {scales.dtype}, expected {SCALE_DTYPE}")
+            high = f"{prefix}.qweight_high"
+            if (high in names) != (prefix in six_bit):
+                problems.append(f"{prefix}: {'no' if prefix in six_bit else 'an unlisted'} top-bits plane")
+            elif high in names and tuple(f.get_slice(high).get_shape()) != (qweight.shape[0], qweight.shape[1] // 2):
+                problems.append(f"{prefix}: top-bits plane {f.get_slice(high).get_shape()} does not fit "
+                                f"qweight {tuple(qweight.shape)}")
             if zero_k_bias and WHISPER_K_PROJ.search(prefix) and f"{prefix}.bias" not in names:
                 problems.append(f"{prefix}: no bias (vLLM's fused projection would read uninitialised memory)")
         if tied:
@@ -769,6 +865,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         f"stays tied to the bf16 embedding). Default: int4; {GGUF_TIED_HEAD} for a GGUF whose head is its "
         "embedding (unless --embedding int4/int8); a Whisper checkpoint's head follows its embedding",
     )
+    parser.add_argument(
+        "--promoted-bits",
+        type=int,
+        default=DEFAULT_PROMOTED_BITS,
+        choices=PROMOTED_BITS,
+        help="from a GGUF: 6 stores the linears and untied head the file keeps at more bits than its "
+        "main type (a Q4_K_M's Q6_K attn_v, ffn_down, output) with 6-bit codes, 1.6 bits a weight more "
+        "for them, the rest of a merged q/k/v or gate/up layer too (with float zero points and group 32); "
+        "4 stores them 4-bit like the rest. Default: %(default)s",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -779,6 +885,7 @@ def run(args: argparse.Namespace) -> int:
         report = build_cpu_int4_checkpoint(
             args.src, args.out, args.group_size, progress=not args.no_progress, overwrite=args.overwrite,
             zero_point=args.zero_point, embedding=args.embedding, head=args.head,
+            promoted_bits=args.promoted_bits,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,7 +6,10 @@ Read from ``config.json``::
                             "format_version": 3, "lm_head": true, "zero_point": "float",
                             "embedding": "int4"}
 
-Format 3 stores the input embedding 4-bit (``embedding.py``); format 2 checkpoints
+``"six_bit": [module names]`` (optional, float offsets) lists the layers stored with 6-bit
+codes (``int4.quantize_6bit``: a GGUF's tensors kept at more bits than its main type); a
+merged layer (q/k/v, gate/up) is 6-bit when any of its parts is listed, and the builder lists
+all of them. Format 3 stores the input embedding 4-bit (``embedding.py``); format 2 checkpoints
 keep it bf16 and format 1 ones (``"zero_point": true``) hold integer zero points;
 both still load. With no ``quantization_config`` and ``quantization="cpu_int4"``,
 vLLM builds ``CpuInt4Config()`` and the bf16 weights are quantized at load (group
@@ -55,7 +58,8 @@ logger = get_logger("cpu_int4")
 @register_quantization_config(QUANT_METHOD)
 class CpuInt4Config(QuantizationConfig):
     def __init__(self, group_size: int = DEFAULT_GROUP_SIZE, lm_head: bool = True, prequantized: bool = False,
-                 zero_point: str = DEFAULT_ZERO_POINT, embedding: str | None = None):
+                 zero_point: str = DEFAULT_ZERO_POINT, embedding: str | None = None,
+                 six_bit: tuple[str, ...] = ()):
         super().__init__()
         check_group_size(group_size)
         check_zero_point(zero_point)
@@ -70,11 +74,16 @@ class CpuInt4Config(QuantizationConfig):
         self.embedding = embedding
         # True when the checkpoint already holds qweight/scales/zeros.
         self.prequantized = prequantized
+        if six_bit and (not prequantized or zero_point != "float"):
+            raise Int4FormatError("quantization_config six_bit: 6-bit layers are stored pre-quantized "
+                                  "with float offsets")
+        self.six_bit = frozenset(six_bit)  # module names as stored ("model.layers.0.mlp.down_proj")
 
     def __repr__(self) -> str:
         return (
             f"CpuInt4Config(group_size={self.group_size}, lm_head={self.lm_head}, "
-            f"prequantized={self.prequantized}, zero_point={self.zero_point!r}, embedding={self.embedding!r})"
+            f"prequantized={self.prequantized}, zero_point={self.zero_point!r}, embedding={self.embedding!r}, "
+            f"six_bit={len(self.six_bit)} layers)"
         )
 
     def get_name(self) -> str:
@@ -120,8 +129,13 @@ class CpuInt4Config(QuantizationConfig):
         embedding = config.get("embedding", "int4") if version >= 3 else "bf16"
         if version >= 3 and embedding not in ("int4", "int8"):
             raise bad(f"embedding={embedding!r}; format_version {version} stores it int4 or int8")
+        six_bit = config.get("six_bit", [])
+        if not isinstance(six_bit, list) or not all(isinstance(n, str) and n for n in six_bit):
+            raise bad(f"six_bit must be a list of module names, got {six_bit!r}")
+        if six_bit and zero_point != "float":
+            raise bad("six_bit layers need float offsets (zero_point: float)")
         return cls(int(config["group_size"]), bool(config.get("lm_head", True)), prequantized=True,
-                   zero_point=zero_point, embedding=embedding)
+                   zero_point=zero_point, embedding=embedding, six_bit=tuple(six_bit))
 
     @classmethod
     def from_config_dict_json(cls, config_json: str) -> "CpuInt4Config":
@@ -184,4 +198,15 @@ class CpuInt4Config(QuantizationConfig):
         if kind == "embedding":
             return CpuInt4EmbeddingMethod(self.group_size, self.prequantized, prefix, self.zero_point,
                                           fmt=self.embedding)
-        return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix, self.zero_point)
+        return CpuInt4LinearMethod(self.group_size, self.prequantized, kind, prefix, self.zero_point,
+                                   six_bit=self.is_six_bit(prefix))
+
+    def is_six_bit(self, prefix: str) -> bool:
+        """Whether the checkpoint stores the layer at ``prefix`` 6-bit: its own name listed, or for a
+        merged layer (vLLM's ``packed_modules_mapping``, e.g. qkv_proj: q/k/v_proj) any part's."""
+        if not self.six_bit:
+            return False
+        parent, _, name = prefix.rpartition(".")
+        parts = (getattr(self, "packed_modules_mapping", None) or {}).get(name, [name])
+        return prefix in self.six_bit or any((f"{parent}.{part}" if parent else part) in self.six_bit
+                                             for part in parts)

@@ -1,9 +1,11 @@
 """Which kernel each cpu_int4 layer runs on, in this process (the model worker).
 
 ``kernel_counts()`` -> ``{"linear:int4pack": 210, "lm_head:int4pack": 1, "fallback": 0,
-"dense_prefill_copy": 0, "group_codes": 0}``.
+"dense_prefill_copy": 0, "group_codes": 0, "six_bit": 0}``.
 "fallback" counts layers on the slow dequantize-per-call kernel, "group_codes" those whose
-scales and offsets the kernel keeps as 8-bit codes (``group_codes.py``); layers left unquantized
+scales and offsets the kernel keeps as 8-bit codes (``group_codes.py``), "six_bit" those that run
+6-bit codes (``int4.quantize_6bit``; a 6-bit layer whose kernel takes only 4 bits counts in neither
+and is logged); layers left unquantized
 (online quantization of a shape the format cannot hold) count as "<kind>:unquantized". When
 every layer the config handed a method to has been processed, one INFO line summarises the
 choices.
@@ -35,6 +37,7 @@ class LayerChoice:
     group_size: int | None
     dense_prefill_copy: bool = False  # a second, dense layout kept for prefill
     group_codes: bool = False  # scales and offsets kept as 8-bit codes (quantization/group_codes.py)
+    six_bit: bool = False  # runs 6-bit codes (a top-bits plane beside the nibbles)
 
 
 _lock = threading.Lock()
@@ -66,8 +69,9 @@ def kernel_counts() -> dict[str, int]:
         fallback = sum(c.kernel == "dequant" for c in _choices.values())
         dense = sum(c.dense_prefill_copy for c in _choices.values())
         codes = sum(c.group_codes for c in _choices.values())
+        six_bit = sum(c.six_bit for c in _choices.values())
     return {**dict(sorted(counts.items())), "fallback": fallback, "dense_prefill_copy": dense,
-            "group_codes": codes}
+            "group_codes": codes, "six_bit": six_bit}
 
 
 def layer_choices() -> list[dict]:

@@ -31,6 +31,11 @@ Tensors (what the builder writes and the linear method loads):
 - ``scales`` bf16 [N, K/g].
 - ``zeros`` [N, K/g]: bf16 offsets (``zero_point="float"``) or uint8 zero points
   0..15 (``"int"``). Its dtype says which; nothing else has to.
+
+6-bit layers (``quantize_6bit``; the builder stores so the tensors a GGUF keeps at more bits
+than its main type): float offsets, codes 0..63, ``w ~= q * scale + offset``; ``qweight``
+holds each code's low four bits as above and ``qweight_high`` uint8 [N, K/4] its top two,
+four per byte in k order (k % 4 at bits 2 * (k % 4)).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ SUPPORTED_GROUP_SIZES = (32, 64, 128, 256)
 SCALE_DTYPE = torch.bfloat16
 SUPPORTED_WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _QMAX = (1 << BITS) - 1
+HIGH_BITS = 6
+_QMAX_HIGH = (1 << HIGH_BITS) - 1
 
 
 class Int4FormatError(ValueError):
@@ -151,6 +158,25 @@ def quantize(weight: torch.Tensor, group_size: int, what: str = "weight",
     ``zeros`` is bf16 offsets for ``zero_point="float"``, uint8 zero points for "int".
     """
     check_zero_point(zero_point)
+    w = _groups(weight, group_size, what)
+    n, k = weight.shape
+    wmin, wmax = w.amin(dim=-1), w.amax(dim=-1)
+    if zero_point == "int":
+        wmin, wmax = wmin.clamp(max=0), wmax.clamp(min=0)
+    scales = _scales(wmin, wmax, _QMAX)
+    s = scales.float()
+    if zero_point == "float":
+        offsets = wmin.to(SCALE_DTYPE)
+        q = torch.round((w - offsets.float().unsqueeze(-1)) / s.unsqueeze(-1)).clamp(0, _QMAX)
+        return pack_nibbles(q.reshape(n, k).to(torch.uint8)), scales, offsets
+    zeros = torch.round(-wmin / s).clamp(0, _QMAX)
+    q = (torch.round(w / s.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, _QMAX)
+    qweight = pack_nibbles(q.reshape(n, k).to(torch.uint8))
+    return qweight, scales, zeros.to(torch.uint8)
+
+
+def _groups(weight: torch.Tensor, group_size: int, what: str) -> torch.Tensor:
+    """A 2-D float weight as fp32 [N, G, group_size], its dtype, shape and values checked."""
     if weight.dtype not in SUPPORTED_WEIGHT_DTYPES:
         raise Int4FormatError(
             f"{what}: dtype {weight.dtype} is not supported "
@@ -167,25 +193,46 @@ def quantize(weight: torch.Tensor, group_size: int, what: str = "weight",
     w = weight.detach().float().reshape(n, k // group_size, group_size)
     if not torch.isfinite(w).all():
         raise Int4FormatError(f"{what}: contains NaN or infinite values")
-    wmin, wmax = w.amin(dim=-1), w.amax(dim=-1)
-    if zero_point == "int":
-        wmin, wmax = wmin.clamp(max=0), wmax.clamp(min=0)
-    exact = (wmax - wmin) / _QMAX
+    return w
+
+
+def _scales(wmin: torch.Tensor, wmax: torch.Tensor, qmax: int) -> torch.Tensor:
+    """Each group's scale for ``qmax`` steps over [wmin, wmax], rounded up to bf16."""
+    exact = (wmax - wmin) / qmax
     scales = exact.to(SCALE_DTYPE)
     scales = torch.where(
         scales.float() < exact, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales
     )
     # A constant group: any non-zero scale stores it exactly (q == zero, or q == 0).
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-    s = scales.float()
-    if zero_point == "float":
-        offsets = wmin.to(SCALE_DTYPE)
-        q = torch.round((w - offsets.float().unsqueeze(-1)) / s.unsqueeze(-1)).clamp(0, _QMAX)
-        return pack_nibbles(q.reshape(n, k).to(torch.uint8)), scales, offsets
-    zeros = torch.round(-wmin / s).clamp(0, _QMAX)
-    q = (torch.round(w / s.unsqueeze(-1)) + zeros.unsqueeze(-1)).clamp(0, _QMAX)
-    qweight = pack_nibbles(q.reshape(n, k).to(torch.uint8))
-    return qweight, scales, zeros.to(torch.uint8)
+    return torch.where(scales == 0, torch.ones_like(scales), scales)
+
+
+def quantize_6bit(weight: torch.Tensor, group_size: int, what: str = "weight"):
+    """[N, K] float weight -> (qweight uint8 [N, K/2], qweight_high uint8 [N, K/4], scales bf16 [N, G],
+    offsets bf16 [N, G]): codes 0..63 over each group's min..max, float offsets (the module docstring)."""
+    w = _groups(weight, group_size, what)
+    n, k = weight.shape
+    if k % 4:
+        raise Int4FormatError(f"{what}: 6-bit codes need K a multiple of 4, got K={k}")
+    wmin = w.amin(dim=-1)
+    scales = _scales(wmin, w.amax(dim=-1), _QMAX_HIGH)
+    offsets = wmin.to(SCALE_DTYPE)
+    q = torch.round((w - offsets.float().unsqueeze(-1)) / scales.float().unsqueeze(-1)).clamp(0, _QMAX_HIGH)
+    q = q.reshape(n, k).to(torch.uint8)
+    return pack_nibbles(q & 0x0F), pack_high_bits(q >> 4), scales, offsets
+
+
+def pack_high_bits(top: torch.Tensor) -> torch.Tensor:
+    """uint8 values 0..3 [N, K] -> uint8 [N, K/4], k % 4 at bits 2 * (k % 4)."""
+    if top.shape[-1] % 4:
+        raise Int4FormatError(f"cannot pack {top.shape[-1]} columns of top bits (a multiple of 4 is needed)")
+    return top[..., 0::4] | (top[..., 1::4] << 2) | (top[..., 2::4] << 4) | (top[..., 3::4] << 6)
+
+
+def unpack_high_bits(qweight_high: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K/4] -> uint8 values 0..3 [N, K]."""
+    n, quarter = qweight_high.shape
+    return torch.stack([(qweight_high >> (2 * i)) & 3 for i in range(4)], dim=-1).reshape(n, quarter * 4)
 
 
 def quantize_on_grid(weight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, what: str = "weight"):
@@ -235,11 +282,19 @@ def unpack_nibbles(qweight: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(
-    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype=torch.float32
+    qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype=torch.float32,
+    qweight_high: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The reference: exactly the weights the stored triple means, rounded once to ``dtype``."""
+    """The reference: exactly the weights the stored triple means (with ``qweight_high``, a 6-bit
+    layer's), rounded once to ``dtype``."""
     n, groups = scales.shape
-    q = unpack_nibbles(qweight).float().reshape(n, groups, -1)
+    q = unpack_nibbles(qweight)
+    if qweight_high is not None:
+        if qweight_high.shape != (n, qweight.shape[1] // 2) or not has_float_zero(zeros):
+            raise Int4FormatError(f"qweight_high {tuple(qweight_high.shape)} does not fit qweight "
+                                  f"{tuple(qweight.shape)} with float offsets")
+        q = q | (unpack_high_bits(qweight_high) << 4)
+    q = q.float().reshape(n, groups, -1)
     s, z = scales.float().unsqueeze(-1), zeros.float().unsqueeze(-1)
     w = q * s + z if has_float_zero(zeros) else (q - z) * s
     return w.reshape(n, -1).to(dtype)

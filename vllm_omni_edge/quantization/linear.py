@@ -23,6 +23,9 @@ the embedding's matrix: the stored triple (pre-quantized) or the bf16 weight
 pointed at the repacked bytes (``embedding.py``), so one copy is resident.
 With a bf16 embedding (formats 1-2), the head keeps its own 4-bit ``lm_head.*``
 (pre-quantized) or quantizes from the shared bf16 weight and drops its reference.
+
+A layer the checkpoint stores 6-bit (``quantization_config["six_bit"]``) also loads
+``qweight_high``; a kernel that runs only 4-bit codes gets it re-quantized to 4 bits at load.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from vllm_omni_edge.quantization.embedding import (
 from vllm_omni_edge.quantization.int4 import (
     DEFAULT_ZERO_POINT,
     SCALE_DTYPE,
+    Int4FormatError,
+    dequantize,
     group_size_for,
     has_float_zero,
     quantize,
@@ -60,8 +65,11 @@ logger = get_logger("cpu_int4")
 
 class CpuInt4LinearMethod(LinearMethodBase):
     def __init__(self, group_size: int, prequantized: bool, kind: str, prefix: str,
-                 zero_point: str = DEFAULT_ZERO_POINT):
+                 zero_point: str = DEFAULT_ZERO_POINT, six_bit: bool = False):
+        if six_bit and (not prequantized or zero_point != "float"):
+            raise Int4FormatError(f"{prefix}: 6-bit layers are stored pre-quantized with float offsets")
         self.requested_group_size = group_size
+        self.six_bit = six_bit  # the checkpoint stores a top-bits plane (qweight_high)
         self.zero_point = zero_point
         self.prequantized = prequantized
         self.kind = kind  # "linear" | "lm_head"
@@ -110,6 +118,15 @@ class CpuInt4LinearMethod(LinearMethodBase):
                     weight_loader=weight_loader,
                 ),
             }
+            if self.six_bit:
+                params["qweight_high"] = PackedvLLMParameter(
+                    data=torch.empty(N, K // 4, dtype=torch.uint8),
+                    input_dim=1,
+                    output_dim=0,
+                    packed_dim=1,
+                    packed_factor=4,
+                    weight_loader=weight_loader,
+                )
         else:
             params = {
                 "weight": ModelWeightParameter(
@@ -127,6 +144,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
             initialize_online_processing(layer)
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
+        if self.six_bit:
+            raise Int4FormatError(f"{self.prefix}: a 6-bit head cannot be tied to the input embedding")
         if is_int4_embedding(embed_tokens):
             # One matrix for both: loaded once, as the embedding; repacked here, handed back.
             tie_head_to_embedding(layer, embed_tokens, self.prequantized)
@@ -156,6 +175,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         )
         logger.debug("cpu_int4: %s (K=%d N=%d g=%d) -> %s: %s",
                      self.prefix, K, N, g, kernel_cls.name, reason)
+        if self.six_bit and not kernel_cls.six_bit:
+            fold_to_4bit(layer, self.prefix, kernel_cls.name)
         kernel = kernel_cls()
         stored = (layer.qweight.data, layer.scales.data, layer.zeros.data)
         kernel.process_weights(layer)
@@ -166,7 +187,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         evidence.record(
             evidence.LayerChoice(self.prefix, self.kind, kernel.name, reason, K, N, g,
                                  dense_prefill_copy=hasattr(layer, "dense_weight"),
-                                 group_codes="group_factors" in layer._parameters)
+                                 group_codes="group_factors" in layer._parameters,
+                                 six_bit="qweight_high" in layer._parameters)
         )
         layer._already_called_process_weights_after_loading = True
 
@@ -174,6 +196,17 @@ class CpuInt4LinearMethod(LinearMethodBase):
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return layer.int4_kernel.apply(layer, x, bias)
+
+
+def fold_to_4bit(layer: torch.nn.Module, prefix: str, kernel: str) -> None:
+    """A 6-bit layer's weights re-quantized to the 4-bit triple, for a kernel without 6-bit codes."""
+    weight = dequantize(layer.qweight.data, layer.scales.data, layer.zeros.data,
+                        qweight_high=layer.qweight_high.data)
+    qweight, scales, zeros = quantize(weight, layer.int4_group_size, what=prefix)
+    for name, tensor in (("qweight_high", None), ("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+        set_weight(layer, name, tensor)
+    logger.info("cpu_int4: %s is stored 6-bit; %s runs 4-bit codes, so it was re-quantized to 4 bits",
+                prefix, kernel)
 
 
 # Linear layers hand v2-parameter methods to weight_loader_v2 only when listed here.

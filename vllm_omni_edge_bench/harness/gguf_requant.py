@@ -84,13 +84,17 @@ class Variant:
 
 
 VARIANTS = {
-    "int4": Variant("int4", {"embedding": "int4", "head": "int4"},
-                    describe="--embedding int4 --head int4: every matrix 4-bit (a tied head shares the embedding)"),
+    "int4": Variant("int4", {"embedding": "int4", "head": "int4", "promoted_bits": 4},
+                    describe="--embedding int4 --head int4 --promoted-bits 4: every matrix 4-bit (a tied head "
+                             "shares the embedding)"),
+    "six-bit": Variant("six-bit", {"embedding": "int4", "head": "int4", "promoted_bits": 6},
+                       describe="--embedding int4 --head int4 --promoted-bits 6: the matrices the GGUF stored "
+                                "at more bits with 6-bit codes"),
     "again": Variant("again", describe="the first variant built and scored a second time (identical-run noise)"),
     "default": Variant("default", {}, describe="the builder's defaults for a GGUF"),
-    "requantized": Variant("requantized", {"embedding": "int4", "head": "int4"}, grids=False,
-                           describe="--embedding int4 --head int4, the file's 4-bit weights re-quantized from "
-                                    "the bf16 conversion instead of kept on their own grid"),
+    "requantized": Variant("requantized", {"embedding": "int4", "head": "int4", "promoted_bits": 4}, grids=False,
+                           describe="--embedding int4 --head int4 --promoted-bits 4, the file's 4-bit weights "
+                                    "re-quantized from the bf16 conversion instead of kept on their own grid"),
     "embedding-int8": Variant("embedding-int8", {"embedding": "int8", "head": "int4"},
                               describe="--embedding int8 --head int4 (a tied head gets its own 4-bit copy)"),
     "embedding-bf16": Variant("embedding-bf16", {"embedding": "bf16", "head": "int4"},
@@ -108,7 +112,7 @@ VARIANTS = {
                          describe="the first variant, with the output head (the embedding, if tied) kept bf16 "
                                   "(not buildable)"),
 }
-DEFAULT_VARIANTS = ("int4", "again", "embedding-int8", "embedding-bf16", "head-bf16", "keep-promoted",
+DEFAULT_VARIANTS = ("int4", "again", "six-bit", "embedding-int8", "embedding-bf16", "head-bf16", "keep-promoted",
                     "keep-promoted-linear", "keep-head")
 
 
@@ -228,12 +232,13 @@ def dequantize_cpu_int4(int4_dir: Path, out_dir: Path, *, keep_from: Path | None
         prefixes = sorted({n.rsplit(".", 1)[0] for n in names if n.endswith(".qweight")})
         for prefix in prefixes:
             if f"{prefix}.zeros" in names:
+                high = f.get_tensor(f"{prefix}.qweight_high") if f"{prefix}.qweight_high" in names else None
                 w = dequantize(f.get_tensor(f"{prefix}.qweight"), f.get_tensor(f"{prefix}.scales"),
-                               f.get_tensor(f"{prefix}.zeros"))
+                               f.get_tensor(f"{prefix}.zeros"), qweight_high=high)
             else:  # int8 rows
                 w = dequantize_rows_int8(f.get_tensor(f"{prefix}.qweight"), f.get_tensor(f"{prefix}.scales"))
             state[f"{prefix}.weight"] = w.to(torch.bfloat16)
-        quantized = {f"{p}.{s}" for p in prefixes for s in ("qweight", "scales", "zeros")}
+        quantized = {f"{p}.{s}" for p in prefixes for s in ("qweight", "qweight_high", "scales", "zeros")}
         for name in names:
             if name not in quantized:
                 state[name] = f.get_tensor(name)
@@ -256,7 +261,7 @@ def dequantize_cpu_int4(int4_dir: Path, out_dir: Path, *, keep_from: Path | None
                 if tuple(w.shape) != tuple(state[name].shape):
                     raise RequantError(f"{name}: {tuple(w.shape)} in {keep_from}, {tuple(state[name].shape)} stored")
                 state[name] = w.to(torch.bfloat16)
-                four_bit = sum(sizes.get(f"{module}.{s}", 0) for s in ("qweight", "scales", "zeros"))
+                four_bit = sum(sizes.get(f"{module}.{s}", 0) for s in ("qweight", "qweight_high", "scales", "zeros"))
                 with_kept += w.numel() * 2 - four_bit
     config["torch_dtype"] = "bfloat16"
     out_dir.mkdir(parents=True, exist_ok=True)

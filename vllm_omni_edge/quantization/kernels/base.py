@@ -28,6 +28,9 @@ DENSE_MIN_ROWS = 16
 
 class Int4Kernel:
     name: ClassVar[str]
+    # Runs a 6-bit layer's codes (its ``qweight_high`` plane); other kernels get such a layer
+    # re-quantized to 4 bits at load (linear.py).
+    six_bit: ClassVar[bool] = False
 
     @classmethod
     def can_implement(
@@ -53,6 +56,11 @@ def set_weight(layer: torch.nn.Module, name: str, tensor: torch.Tensor | None) -
         layer.register_parameter(name, torch.nn.Parameter(tensor, requires_grad=False))
 
 
+def high_bits(layer: torch.nn.Module) -> torch.Tensor | None:
+    """A 6-bit layer's top-bits plane (``qweight_high``), or None for a 4-bit layer."""
+    return layer._parameters.get("qweight_high")
+
+
 def as_2d(x: torch.Tensor, K: int) -> torch.Tensor:
     return x.reshape(-1, K).contiguous()
 
@@ -64,7 +72,8 @@ def keep_dense_copy_if_asked(layer: torch.nn.Module) -> None:
     """
     if int4_dense_prefill_copy():
         set_weight(layer, "dense_weight", dequantize(
-            layer.qweight.data, layer.scales.data, layer.zeros.data, dtype=layer.int4_act_dtype))
+            layer.qweight.data, layer.scales.data, layer.zeros.data, dtype=layer.int4_act_dtype,
+            qweight_high=high_bits(layer)))
 
 
 def dense_prefill(layer: torch.nn.Module, x2: torch.Tensor) -> torch.Tensor | None:

@@ -112,7 +112,7 @@ def load_library() -> tuple[bool, str]:
 def _register_fake() -> None:
     """Shape-only implementation, so torch.compile can trace through the op."""
 
-    def output_shape(x, qweight, scales, offsets, group_size, factors=None):
+    def output_shape(x, qweight, scales, offsets, group_size, factors=None, high_bits=None):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
     for op in ("w4a8_mm", "w4a8_vnni_rows16_mm"):
@@ -120,7 +120,7 @@ def _register_fake() -> None:
 
     def mlp_output_shape(x, gate_up_qweight, gate_up_scales, gate_up_offsets, gate_up_group_size,
                          down_qweight, down_scales, down_offsets, down_group_size,
-                         gate_up_factors=None, down_factors=None):
+                         gate_up_factors=None, down_factors=None, gate_up_high_bits=None, down_high_bits=None):
         return x.new_empty((x.shape[0], down_qweight.shape[0]))
 
     torch.library.register_fake(f"{OP_NAMESPACE}::w4a8_vnni_rows16_silu_mlp")(mlp_output_shape)

@@ -7,6 +7,8 @@ prefills on a bf16 GEMM from that layout where the CPU has AMX (``VLLM_OMNI_EDGE
 Each group's scale and offset are kept as one-byte codes under bf16 factors per superblock of
 groups (``quantization/group_codes.py``; ``VLLM_OMNI_EDGE_INT4_GROUP_CODES=bf16`` keeps the
 stored bf16 pair): fewer bytes read a token, the weights ``group_codes.dequantize`` gives.
+A 6-bit layer (``int4.quantize_6bit``) keeps its top-bits plane beside the nibbles, in the same
+tile order, and its stored bf16 pairs; the ops add the top bits to each code.
 ``silu_mlp`` runs a gated SiLU MLP whose two linears are on this kernel as one op
 (``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp``; ``patches/worker/fused_silu_mlp.py`` uses it).
 """
@@ -17,7 +19,13 @@ import torch
 
 from vllm_omni_edge.cpu_features import CpuFeatures, cpu_flags
 from vllm_omni_edge.levers import int4_group_codes, int4_prefill_mode
-from vllm_omni_edge.quantization.kernels.base import as_2d, dense_prefill, keep_dense_copy_if_asked, set_weight
+from vllm_omni_edge.quantization.kernels.base import (
+    as_2d,
+    dense_prefill,
+    high_bits,
+    keep_dense_copy_if_asked,
+    set_weight,
+)
 from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
 
 # What the op's target attribute asks of the CPU (Linux /proc/cpuinfo names).
@@ -111,6 +119,7 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
     row count, so a graph traced once keeps both paths."""
 
     name = "avx512_w4a8_rows16"
+    six_bit = True
 
     @classmethod
     def can_implement(cls, features, group_size, K, N, act_dtype, *, float_zero=False):
@@ -132,7 +141,14 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
         # In place: the stored-layout tensors are not read again (a tied embedding is pointed at
         # these bytes, embedding.share_with_embedding; the dense copy was made above).
         qweight = layer.qweight.data.contiguous()
-        if int4_group_codes():
+        top = high_bits(layer)
+        if top is not None:
+            # 6-bit: the codes' top bits in tile order, and the stored pairs (the group codes' encoder
+            # tells an unused group by its 4-bit codes).
+            top = top.data.contiguous()
+            torch.ops.edge_cpu_int4.interleave_rows16_high_bits_inplace(top)
+            set_weight(layer, "qweight_high", top)
+        if int4_group_codes() and top is None:
             scales, offsets, factors = torch.ops.edge_cpu_int4.rows16_group_codes_inplace(
                 qweight, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))
             set_weight(layer, "group_factors", factors)
@@ -153,7 +169,7 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
         out = dense_prefill(layer, x2)
         if out is None:
             out = self.op()(x2, layer.qweight, layer.scales, layer.zeros, layer.int4_group_size,
-                            group_factors(layer))
+                            group_factors(layer), high_bits(layer))
         if bias is not None:
             out = out + bias
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -175,5 +191,5 @@ def silu_mlp(gate_up: torch.nn.Module, down: torch.nn.Module, x: torch.Tensor) -
     out = torch.ops.edge_cpu_int4.w4a8_vnni_rows16_silu_mlp(
         x2, gate_up.qweight, gate_up.scales, gate_up.zeros, gate_up.int4_group_size,
         down.qweight, down.scales, down.zeros, down.int4_group_size,
-        group_factors(gate_up), group_factors(down))
+        group_factors(gate_up), group_factors(down), high_bits(gate_up), high_bits(down))
     return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -5,8 +5,9 @@
 // Ops: w4a8_vnni_rows16_mm (a linear), w4a8_vnni_rows16_silu_mlp (down(silu(gate) * up) in one
 // call), rows16_group_codes_inplace and interleave_rows16_inplace (the stored layout to the 16-row
 // one at load, with 8-bit group codes or with the stored bf16 scales and offsets; the linear ops
-// read either), rows16_dequantize, set_bf16_prefill and rows16_path_counts (the prefill path's
-// setting and counters).
+// read either), interleave_rows16_high_bits_inplace (a 6-bit layer's top-bits plane, which the
+// linear ops take as high_bits), rows16_dequantize, set_bf16_prefill and rows16_path_counts (the
+// prefill path's setting and counters).
 // The vector functions carry their own target attribute, so the library still loads, and
 // w4a8_mm still runs, on AVX2-only CPUs; these ops refuse to run on a CPU without VNNI.
 #include "w4a8_common.h"
@@ -77,6 +78,24 @@ EDGE_VNNI void quantize_row_vnni(const T* x, int64_t K, int64_t group_size, int8
 // would reduce each row across lanes and move scales between lanes per block pair).
 // Scales and offsets of a tile are [group][16 rows], so one widen gives the 16 rows' values.
 constexpr int64_t kTileBlockBytes = kTileRows * kBlock / 2;  // 256
+
+// 6-bit layers carry a second plane, the top two bits of each code (code = low nibble + 16 *
+// top bits; int4.py): per tile and block of 32 k, 4 chunks of 32 bytes; byte p of chunk c holds
+// the 2-bit fields of the low-nibble vector's bytes p (bits 0-1) and p + 32 (bits 2-3) and of the
+// high-nibble vector's bytes p (bits 4-5) and p + 32 (bits 6-7) (interleave_rows16_high_bits_inplace
+// makes it from the stored plane at load).
+constexpr int64_t kTileBlockHighBytes = kTileRows * kBlock / 4;  // 128
+
+// A chunk's top bits added into its two nibble vectors (bits 4-5 of each byte): one broadcast load,
+// a variable shift per 256-bit half, a mask.
+EDGE_VNNI inline void add_high_bits(const uint8_t* chunk, __m512i& lo, __m512i& hi) {
+  const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk)));
+  const __m512i mask = _mm512_set1_epi8(0x30);
+  const __m512i left = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i right = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_sllv_epi16(v, left), mask));
+  hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_srlv_epi16(v, right), mask));
+}
 
 // bf16 x 16 -> fp32 lanes.
 EDGE_VNNI inline __m512 widen_bf16x16(const uint16_t* p) {
@@ -156,9 +175,10 @@ struct CodeGroups {
   }
 };
 
-// One tile (16 weight rows) against R activation rows; outputs to out[r * N + j].
+// One tile (16 weight rows) against R activation rows; outputs to out[r * N + j]. wh: the tile's
+// top-bits plane of a 6-bit layer, or null.
 template <int R, typename T, typename Groups>
-EDGE_VNNI void tile_rows16(const uint8_t* w, const Groups& meta, int64_t K, int64_t group_size,
+EDGE_VNNI void tile_rows16(const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K, int64_t group_size,
                            const QuantizedActivations& a, int64_t row0, T* out, int64_t N) {
   const int64_t blocks = K / kBlock;
   const int64_t groups = K / group_size;
@@ -184,6 +204,7 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const Groups& meta, int64_t K, int6
       const __m512i v = _mm512_loadu_si512(wb + c * 64);
       lo[c] = _mm512_and_si512(v, low4);
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      if (wh) add_high_bits(wh + b * kTileBlockHighBytes + c * 32, lo[c], hi[c]);
     }
     if (b % blocks_per_group == 0) wscale = meta.scale_of(b / blocks_per_group);
     for (int r = 0; r < R; ++r) {
@@ -232,27 +253,28 @@ EDGE_VNNI void decode_groups(const Groups& tile, int64_t groups, float* scale, f
 // activation rows pass over them, kRowTile at a time; with more rows than that, the tile's
 // scales and offsets are decoded to fp32 once first.
 template <typename T, typename Groups>
-EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const Groups& meta,
-                            int64_t K, int64_t N, int64_t group_size, T* out) {
+EDGE_VNNI void rows16_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* w, const uint8_t* wh,
+                            const Groups& meta, int64_t K, int64_t N, int64_t group_size, T* out) {
   const int64_t groups = K / group_size;
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> decoded(M > kRowTile ? 2 * groups * kTileRows : 0);
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tw = w + t * kTileRows * (K / 2);
+      const uint8_t* th = wh ? wh + t * kTileRows * (K / 4) : nullptr;
       const Groups tile = meta.tile(t, groups);
       if (M > kRowTile) {
         decode_groups(tile, groups, decoded.data(), decoded.data() + groups * kTileRows);
         const F32Groups f32{decoded.data(), decoded.data() + groups * kTileRows};
         for (int64_t m = 0; m < M; m += kRowTile) {
           with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-            tile_rows16<decltype(rows)::value>(tw, f32, K, group_size, a, m, out + m * N + t * kTileRows, N);
+            tile_rows16<decltype(rows)::value>(tw, th, f32, K, group_size, a, m, out + m * N + t * kTileRows, N);
           });
         }
         continue;
       }
       for (int64_t m = 0; m < M; m += kRowTile) {
         with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-          tile_rows16<decltype(rows)::value>(tw, tile, K, group_size, a, m, out + m * N + t * kTileRows, N);
+          tile_rows16<decltype(rows)::value>(tw, th, tile, K, group_size, a, m, out + m * N + t * kTileRows, N);
         });
       }
     }
@@ -342,21 +364,38 @@ EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
+// The codes of k = 8c + i (shift 8i) or 8c + 4 + i (shift 8i + 4) of a chunk's 16 rows, one per
+// int32 lane: the nibble, plus 16 times the top bits where the layer has them (hc: the chunk's
+// 32 bytes of the top-bits plane, or null; lane j reads byte 4 (j mod 8) + i of it, its field
+// further up for rows 8..15).
+EDGE_VNNI inline __m512i chunk_codes(__m512i v, const uint8_t* hc, int shift) {
+  const __m512i code = _mm512_and_si512(_mm512_srli_epi32(v, shift), _mm512_set1_epi32(0x0F));
+  if (!hc) return code;
+  const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hc)));
+  // The field sits at the nibble's own shift (bits 0-1 of the byte for k = 8c + i, 4-5 for 8c + 4 + i),
+  // 2 bits further up for rows 8..15.
+  const __m512i count = _mm512_add_epi32(_mm512_set1_epi32(shift),
+                                         _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(2), 1));
+  return _mm512_or_si512(code, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, count), _mm512_set1_epi32(3)), 4));
+}
+
 // 32 k (block b) of one tile (16 weight rows) of the 16-row layout, dequantized, into rows
 // 32b .. 32b + 31, columns 0..15, of dst [K, ld]: int32 lane j of a 64-byte chunk c is row j,
 // its byte i holds k = 32b + 8c + i (low nibble) and 32b + 8c + 4 + i (high nibble), so each
 // shift gives one k for all 16 rows. q * scale + offset with one rounding (q * scale is exact
 // in fp32), then bf16: int4.dequantize()'s values (group_codes.dequantize()'s with codes).
 // (Vectors are not passed across the call: the lambdas that call it lack the AVX-512 target.)
+// hb: the block's top-bits plane of a 6-bit layer, or null.
 template <typename Groups>
-EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const Groups& meta, int64_t g, uint16_t* d, int64_t ld) {
-  const __m512i low4 = _mm512_set1_epi32(0x0F);
+EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const uint8_t* hb, const Groups& meta, int64_t g, uint16_t* d,
+                                     int64_t ld) {
   const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    const uint8_t* hc = hb ? hb + c * 32 : nullptr;
     for (int i = 0; i < 4; ++i) {
-      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
+      const __m512i lo = chunk_codes(v, hc, 8 * i);
+      const __m512i hi = chunk_codes(v, hc, 8 * i + 4);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld),
                           to_bf16x16(_mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), s, m)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld),
@@ -369,15 +408,15 @@ EDGE_VNNI void dequantize_tile_block(const uint8_t* wb, const Groups& meta, int6
 // round to nearest even): AMX CPUs all have it.
 #define EDGE_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
 template <typename Groups>
-EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const Groups& meta, int64_t g, uint16_t* d,
-                                          int64_t ld) {
-  const __m512i low4 = _mm512_set1_epi32(0x0F);
+EDGE_BF16 void dequantize_tile_block_bf16(const uint8_t* wb, const uint8_t* hb, const Groups& meta, int64_t g,
+                                          uint16_t* d, int64_t ld) {
   const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
   for (int c = 0; c < 4; ++c) {
     const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    const uint8_t* hc = hb ? hb + c * 32 : nullptr;
     for (int i = 0; i < 4; ++i) {
-      const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4)), s, m);
-      const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4)), s, m);
+      const __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * i)), s, m);
+      const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * i + 4)), s, m);
       const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // [lo x16, hi x16]
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + i) * ld), _mm512_castsi512_si256(both));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + (8 * c + 4 + i) * ld), _mm512_extracti64x4_epi64(both, 1));
@@ -394,8 +433,8 @@ bool cpu_has_bf16() {
 // (blocks of 32); each block goes across all the tiles, so its 32 rows of dst are written
 // whole, in order (tile by tile across the full K, the writes strode a row apart).
 template <typename Groups>
-void dequantize_rows16_block(const uint8_t* w, const Groups& meta, int64_t K, int64_t group_size, int64_t t0,
-                             int64_t t1, uint16_t* dst, bool portable = false) {
+void dequantize_rows16_block(const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K, int64_t group_size,
+                             int64_t t0, int64_t t1, uint16_t* dst, bool portable = false) {
   const int64_t groups = K / group_size, ld = (t1 - t0) * kTileRows;
   const int64_t blocks_per_group = group_size / kBlock;
   static const bool native_bf16 = cpu_has_bf16();
@@ -405,7 +444,8 @@ void dequantize_rows16_block(const uint8_t* w, const Groups& meta, int64_t K, in
       const int64_t g = b / blocks_per_group;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t rows = t * kTileRows;
-        tile_block(w + rows * (K / 2) + b * kTileBlockBytes, meta.tile(t, groups), g,
+        tile_block(w + rows * (K / 2) + b * kTileBlockBytes,
+                   wh ? wh + rows * (K / 4) + b * kTileBlockHighBytes : nullptr, meta.tile(t, groups), g,
                    dst + b * kBlock * ld + (t - t0) * kTileRows, ld);
       }
     }
@@ -427,8 +467,8 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
 // thread keeps its scratch between calls (grown, never shrunk): at most g_prefill_block_bytes,
 // rounded up to one tile of 16 rows.
 template <typename Groups>
-void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const Groups& meta, int64_t K, int64_t N,
-                    int64_t group_size, at::Tensor& out) {
+void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K,
+                    int64_t N, int64_t group_size, at::Tensor& out) {
   const int64_t block_tiles = prefill_block_rows(K, N) / kTileRows;
   const at::ThreadLocalState tls;  // inference mode and dispatch state, for the worker threads
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
@@ -441,7 +481,7 @@ void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const Groups& meta, i
     uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.data_ptr<at::BFloat16>());
     for (int64_t t0 = begin; t0 < end; t0 += block_tiles) {
       const int64_t t1 = std::min(end, t0 + block_tiles), rows = (t1 - t0) * kTileRows;
-      dequantize_rows16_block(w, meta, K, group_size, t0, t1, dst);  // serial: inside the region
+      dequantize_rows16_block(w, wh, meta, K, group_size, t0, t1, dst);  // serial: inside the region
       at::Tensor columns = out.narrow(1, t0 * kTileRows, rows);
       at::mm_out(columns, x, scratch.narrow(0, 0, rows * K).view({K, rows}));
     }
@@ -479,17 +519,31 @@ void with_groups(const char* op, const at::Tensor& scales, const at::Tensor& off
                       reinterpret_cast<const uint16_t*>(fac.data_ptr<at::BFloat16>()), groups / (fac.size(1) / 2)});
 }
 
+// A 6-bit layer's top-bits plane as the ops read it (uint8 [N, K/4], contiguous, in the 16-row
+// layout): its data, or null for a 4-bit layer.
+const uint8_t* high_bits_of(const char* op, const c10::optional<at::Tensor>& high_bits, int64_t N, int64_t K) {
+  if (!high_bits.has_value()) return nullptr;
+  const at::Tensor& h = *high_bits;
+  TORCH_CHECK(h.scalar_type() == at::kByte && h.dim() == 2 && h.size(0) == N && h.size(1) * 4 == K &&
+                  h.is_contiguous(),
+              op, ": high_bits must be uint8 [", N, ", ", K / 4, "] and contiguous, got ", h.scalar_type(), " ",
+              h.sizes());
+  return h.data_ptr<uint8_t>();
+}
+
 // The 16-row weight [N, K/2] dequantized to bf16 [K, N], as the prefill GEMM reads it (tests: the
 // transpose of int4.dequantize's bf16 values, exactly; timing the dequantization alone).
 // portable: without AVX512_BF16 instructions even where the CPU has them (tests both).
 at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales, const at::Tensor& offsets,
-                             int64_t group_size, bool portable, const c10::optional<at::Tensor>& factors) {
+                             int64_t group_size, bool portable, const c10::optional<at::Tensor>& factors,
+                             const c10::optional<at::Tensor>& high_bits) {
   const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
   check_qweight("rows16_dequantize", qweight, K, group_size, true);
   const at::Tensor w = qweight.contiguous();
+  const uint8_t* wh = high_bits_of("rows16_dequantize", high_bits, N, K);
   at::Tensor kn = at::empty({K, N}, qweight.options().dtype(at::kBFloat16));
   with_groups("rows16_dequantize", scales, offsets, factors, N, K / group_size, [&](const auto& meta) {
-    dequantize_rows16_block(w.data_ptr<uint8_t>(), meta, K, group_size, 0, N / kTileRows,
+    dequantize_rows16_block(w.data_ptr<uint8_t>(), wh, meta, K, group_size, 0, N / kTileRows,
                             reinterpret_cast<uint16_t*>(kn.data_ptr<at::BFloat16>()), portable);
   });
   return kn;
@@ -499,7 +553,8 @@ at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales
 // kernel class makes it from the stored triple at load time.
 at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                                const at::Tensor& offsets, int64_t group_size,
-                               const c10::optional<at::Tensor>& factors) {
+                               const c10::optional<at::Tensor>& factors,
+                               const c10::optional<at::Tensor>& high_bits) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "w4a8_vnni_rows16_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_mm: x must be 2-D [M, K], got ", x.sizes());
@@ -509,15 +564,16 @@ at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, c
   const at::Tensor w = qweight.contiguous();
   at::Tensor out = at::empty({M, N}, x.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
+  const uint8_t* wh = high_bits_of("w4a8_vnni_rows16_mm", high_bits, N, K);
   with_groups("w4a8_vnni_rows16_mm", scales, offsets, factors, N, K / group_size, [&](const auto& meta) {
     if (bf16_prefill(xc)) {
-      rows16_bf16_mm(xc, wp, meta, K, N, group_size, out);
+      rows16_bf16_mm(xc, wp, wh, meta, K, N, group_size, out);
       return;
     }
     const ActivationBuffer buffer(M, K, group_size, x.options());
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_vnni_rows16_mm", [&] {
       quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, K, group_size, buffer);
-      rows16_tiles(buffer.activations(), M, wp, meta, K, N, group_size, out.data_ptr<scalar_t>());
+      rows16_tiles(buffer.activations(), M, wp, wh, meta, K, N, group_size, out.data_ptr<scalar_t>());
     });
   });
   return out;
@@ -534,7 +590,9 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
                                      int64_t gate_up_group_size, const at::Tensor& down_qweight,
                                      const at::Tensor& down_scales, const at::Tensor& down_offsets,
                                      int64_t down_group_size, const c10::optional<at::Tensor>& gate_up_factors,
-                                     const c10::optional<at::Tensor>& down_factors) {
+                                     const c10::optional<at::Tensor>& down_factors,
+                                     const c10::optional<at::Tensor>& gate_up_high_bits,
+                                     const c10::optional<at::Tensor>& down_high_bits) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "w4a8_vnni_rows16_silu_mlp: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_silu_mlp: x must be 2-D [M, H], got ", x.sizes());
@@ -546,6 +604,8 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   const int64_t N = down_qweight.size(0);
   const at::Tensor xc = x.contiguous();
   const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
+  const uint8_t* gh = high_bits_of("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_high_bits, 2 * I, H);
+  const uint8_t* dh = high_bits_of("w4a8_vnni_rows16_silu_mlp (down)", down_high_bits, N, I);
   at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
   const at::Tensor h = at::empty({M, I}, x.options());
   at::Tensor out = at::empty({M, N}, x.options());
@@ -555,13 +615,13 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
               I / down_group_size, [&](const auto& dmeta) {
     if (bf16_prefill(xc)) {
       using bf16 = at::BFloat16;
-      rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), gmeta, H, 2 * I, gate_up_group_size, gate_up);
+      rows16_bf16_mm(xc, gw.data_ptr<uint8_t>(), gh, gmeta, H, 2 * I, gate_up_group_size, gate_up);
       const bf16* gu = gate_up.data_ptr<bf16>();
       bf16* hp = h.data_ptr<bf16>();
       at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
         for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
       });
-      rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), dmeta, I, N, down_group_size, out);
+      rows16_bf16_mm(h, dw.data_ptr<uint8_t>(), dh, dmeta, I, N, down_group_size, out);
       return;
     }
     const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
@@ -570,12 +630,12 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
       scalar_t* gu = gate_up.data_ptr<scalar_t>();
       scalar_t* hp = h.data_ptr<scalar_t>();
       quantize_rows_vnni(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
-      rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), gmeta, H, 2 * I, gate_up_group_size, gu);
+      rows16_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), gh, gmeta, H, 2 * I, gate_up_group_size, gu);
       at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
         for (int64_t m = begin; m < end; ++m) silu_mul_row(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
       });
       quantize_rows_vnni(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
-      rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), dmeta, I, N, down_group_size,
+      rows16_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), dh, dmeta, I, N, down_group_size,
                    out.data_ptr<scalar_t>());
     });
   });
@@ -664,6 +724,38 @@ void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tens
   }
 }
 
+// A 6-bit layer's stored top-bits plane (uint8 [N, K/4], four 2-bit fields per byte in k order,
+// k % 4 at bits 2 (k % 4); int4.py) into the 16-row layout add_high_bits reads, in place (per tile,
+// through a scratch copy, as interleave_tiles_inplace). Row j, k = 32b + 8c + 4h + i of a tile goes
+// to byte 4 (j mod 8) + i of chunk c of block b, field 2h + j / 8.
+void interleave_rows16_high_bits_inplace(at::Tensor& high_bits) {
+  TORCH_CHECK(high_bits.dim() == 2 && high_bits.scalar_type() == at::kByte && high_bits.is_contiguous(),
+              "interleave_rows16_high_bits_inplace: high_bits must be contiguous uint8 [N, K/4], got ",
+              high_bits.scalar_type(), " ", high_bits.sizes());
+  const int64_t N = high_bits.size(0), quarter_k = high_bits.size(1), K = 4 * quarter_k;
+  TORCH_CHECK(N % kTileRows == 0, "interleave_rows16_high_bits_inplace: N must be a multiple of ", kTileRows,
+              ", got N=", N);
+  TORCH_CHECK(K % kBlock == 0, "interleave_rows16_high_bits_inplace: K must be a multiple of ", kBlock,
+              ", got K=", K);
+  const int64_t tile_bytes = kTileRows * quarter_k;
+  uint8_t* data = high_bits.data_ptr<uint8_t>();
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> scratch(tile_bytes);
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* tile = data + t * tile_bytes;
+      std::memcpy(scratch.data(), tile, tile_bytes);
+      std::memset(tile, 0, tile_bytes);
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        const uint8_t* row = scratch.data() + j * quarter_k;
+        for (int64_t k = 0; k < K; ++k) {
+          const uint8_t field = (row[k / 4] >> (2 * (k % 4))) & 3;
+          const int64_t b = k / kBlock, c = (k % kBlock) / 8, h = (k % 8) / 4, i = k % 4;
+          tile[b * kTileBlockHighBytes + c * 32 + 4 * (j % 8) + i] |= field << (2 * (2 * h + j / 8));
+        }
+      }
+    }
+  });
+}
 
 constexpr int64_t kMaxSuperblock = 8;  // group_codes.SUPERBLOCK_MAX_GROUPS
 
@@ -826,15 +918,16 @@ std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at
 
 TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
   m.def("w4a8_vnni_rows16_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size, "
-        "Tensor? factors=None) -> Tensor");
+        "Tensor? factors=None, Tensor? high_bits=None) -> Tensor");
   m.def("w4a8_vnni_rows16_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
         "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
         "Tensor down_offsets, int down_group_size, Tensor? gate_up_factors=None, "
-        "Tensor? down_factors=None) -> Tensor");
+        "Tensor? down_factors=None, Tensor? gate_up_high_bits=None, Tensor? down_high_bits=None) -> Tensor");
   m.def("interleave_rows16_inplace(Tensor(a!) qweight, Tensor(b!) scales, Tensor(c!) offsets) -> ()");
   m.def("rows16_group_codes_inplace(Tensor(a!) qweight, Tensor scales, Tensor offsets) -> Tensor[]");
   m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False, "
-        "Tensor? factors=None) -> Tensor");
+        "Tensor? factors=None, Tensor? high_bits=None) -> Tensor");
+  m.def("interleave_rows16_high_bits_inplace(Tensor(a!) high_bits) -> ()");
   m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
 }
@@ -845,4 +938,5 @@ TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("interleave_rows16_inplace", &interleave_rows16_inplace);
   m.impl("rows16_group_codes_inplace", &rows16_group_codes_inplace);
   m.impl("rows16_dequantize", &rows16_dequantize);
+  m.impl("interleave_rows16_high_bits_inplace", &interleave_rows16_high_bits_inplace);
 }
