@@ -22,6 +22,15 @@ def int4_layer(N: int, K: int, group_size: int, act_dtype: torch.dtype, seed: in
     return layer, int4.dequantize(qweight, scales, zeros)
 
 
+def w4a8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the W4A8 ops quantize it: int8 per block of 32 (absmax / 127), in fp32."""
+    M, K = x.shape
+    xf = x.float().reshape(M, K // 32, 32)
+    block_scale = xf.abs().amax(-1, keepdim=True) / 127
+    qa = torch.where(block_scale > 0, torch.round(xf / block_scale), torch.zeros_like(xf))
+    return (qa * block_scale).reshape(M, K)
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 

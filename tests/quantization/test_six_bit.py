@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import vllm_env
-from tests.quantization.helpers import relative_error
+from tests.quantization.helpers import relative_error, w4a8_activations
 from tests.quantization.test_w4a8_ops import EXACT_TOLERANCE, MODEL_TOLERANCE, needs_vnni
 from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, native
@@ -51,10 +51,7 @@ def model_of_op(x: torch.Tensor, qweight, high, scales, offsets) -> torch.Tensor
     """What the rows16 op computes for a 6-bit layer: int8 activations per block of 32 times the
     6-bit codes, the scale per group; the offset term on the exact activations."""
     M, K = x.shape
-    xf = x.float().reshape(M, K // 32, 32)
-    block_scale = xf.abs().amax(-1, keepdim=True) / 127
-    qa = torch.where(block_scale > 0, torch.round(xf / block_scale), torch.zeros_like(xf))
-    xq = (qa * block_scale).reshape(M, K)
+    xq = w4a8_activations(x)
     n, groups = scales.shape
     q = codes_of(qweight, high).reshape(n, groups, -1)
     scale_part = xq @ (q * scales.float().unsqueeze(-1)).reshape(n, K).t()

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.quantization.helpers import int4_layer, relative_error, resident_groups
+from tests.quantization.helpers import int4_layer, relative_error, resident_groups, w4a8_activations
 from vllm_omni_edge.cache_paths import CACHE_ENV
 from vllm_omni_edge.levers import INT4_GROUP_CODES_ENV
 from vllm_omni_edge.quantization import group_codes, int4
@@ -74,10 +74,7 @@ SHAPES = [(1, 32, 32), (7, 64, 32), (37, 512, 64), (48, 512, 128), (40, 1024, 25
 def model_of_op(x: torch.Tensor, qweight, scales, offsets) -> torch.Tensor:
     """What w4a8_mm computes, in PyTorch: int8 activations per block of 32, float offsets."""
     M, K = x.shape
-    xf = x.float().reshape(M, K // 32, 32)
-    block_scale = xf.abs().amax(-1, keepdim=True) / 127
-    qa = torch.where(block_scale > 0, torch.round(xf / block_scale), torch.zeros_like(xf))
-    xq = (qa * block_scale).reshape(M, K)
+    xq = w4a8_activations(x)
     n, groups = scales.shape
     q = int4.unpack_nibbles(qweight).float().reshape(n, groups, -1)
     # d * sum(q * xq) + m * sum(x): the scale term on quantized x, the offset term on exact x.

@@ -95,15 +95,13 @@ class CpuInt4LinearMethod(LinearMethodBase):
         layer.int4_group_size = g
         layer.int4_act_dtype = params_dtype
         if self.prequantized:
+            def packed(per_byte: int) -> PackedvLLMParameter:  # uint8 [N, K / per_byte], along K
+                return PackedvLLMParameter(data=torch.empty(N, K // per_byte, dtype=torch.uint8), input_dim=1,
+                                           output_dim=0, packed_dim=1, packed_factor=per_byte,
+                                           weight_loader=weight_loader)
+
             params = {
-                "qweight": PackedvLLMParameter(
-                    data=torch.empty(N, K // 2, dtype=torch.uint8),
-                    input_dim=1,
-                    output_dim=0,
-                    packed_dim=1,
-                    packed_factor=2,
-                    weight_loader=weight_loader,
-                ),
+                "qweight": packed(2),
                 "scales": GroupQuantScaleParameter(
                     data=torch.empty(N, K // g, dtype=SCALE_DTYPE),
                     input_dim=1,
@@ -119,14 +117,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
                 ),
             }
             if self.six_bit:
-                params["qweight_high"] = PackedvLLMParameter(
-                    data=torch.empty(N, K // 4, dtype=torch.uint8),
-                    input_dim=1,
-                    output_dim=0,
-                    packed_dim=1,
-                    packed_factor=4,
-                    weight_loader=weight_loader,
-                )
+                params["qweight_high"] = packed(4)
         else:
             params = {
                 "weight": ModelWeightParameter(
