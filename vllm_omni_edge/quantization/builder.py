@@ -126,7 +126,7 @@ EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: o
 EMBEDDING_INT8 = "embedding int8"
 LINEAR_6BIT, HEAD_6BIT = "linear 6-bit", "head 6-bit"
 # Bits for the tensors a GGUF stores at more bits than its main linear type: 6 keeps most of
-# what the file's author gave them (Q6_K: 6.56 bits; our 6-bit codes 6.625 with bf16 pairs), 4
+# what the file's author gave them (Q6_K: 6.56 bits; our 6-bit codes with their bf16 pairs: 7), 4
 # stores them like the rest.
 PROMOTED_BITS = (6, 4)
 DEFAULT_PROMOTED_BITS = 6
@@ -871,7 +871,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=DEFAULT_PROMOTED_BITS,
         choices=PROMOTED_BITS,
         help="from a GGUF: 6 stores the linears and untied head the file keeps at more bits than its "
-        "main type (a Q4_K_M's Q6_K attn_v, ffn_down, output) with 6-bit codes, 1.6 bits a weight more "
+        "main type (a Q4_K_M's Q6_K attn_v, ffn_down, output) with 6-bit codes, 7 bits a weight instead of 4.6 "
         "for them, the rest of a merged q/k/v or gate/up layer too (with float zero points and group 32); "
         "4 stores them 4-bit like the rest. Default: %(default)s",
     )

@@ -744,13 +744,18 @@ void interleave_rows16_high_bits_inplace(at::Tensor& high_bits) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* tile = data + t * tile_bytes;
       std::memcpy(scratch.data(), tile, tile_bytes);
-      std::memset(tile, 0, tile_bytes);
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        const uint8_t* row = scratch.data() + j * quarter_k;
-        for (int64_t k = 0; k < K; ++k) {
-          const uint8_t field = (row[k / 4] >> (2 * (k % 4))) & 3;
-          const int64_t b = k / kBlock, c = (k % kBlock) / 8, h = (k % 8) / 4, i = k % 4;
-          tile[b * kTileBlockHighBytes + c * 32 + 4 * (j % 8) + i] |= field << (2 * (2 * h + j / 8));
+      // Destination byte 4 jl + i of chunk c, block b: k = 32b + 8c + 4h + i is stored byte 8b + 2c + h
+      // of its row, field i; rows jl (fields 0 and 2, h = 0 and 1) and 8 + jl (fields 1 and 3).
+      for (int64_t q = 0; q < quarter_k / 2; ++q) {  // q = 4b + c: the stored bytes 2q, 2q + 1 of each row
+        uint8_t* dst = tile + (q / 4) * kTileBlockHighBytes + (q % 4) * 32;
+        for (int64_t jl = 0; jl < 8; ++jl) {
+          const uint8_t* lo_row = scratch.data() + jl * quarter_k + 2 * q;
+          const uint8_t* hi_row = scratch.data() + (8 + jl) * quarter_k + 2 * q;
+          for (int i = 0; i < 4; ++i) {
+            const int shift = 2 * i;
+            dst[4 * jl + i] = static_cast<uint8_t>(((lo_row[0] >> shift) & 3) | (((hi_row[0] >> shift) & 3) << 2) |
+                                                   (((lo_row[1] >> shift) & 3) << 4) | (((hi_row[1] >> shift) & 3) << 6));
+          }
         }
       }
     }
