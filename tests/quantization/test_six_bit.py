@@ -223,13 +223,19 @@ def test_a_kernel_without_6bit_codes_gets_the_layer_requantized_to_4_bits(monkey
     from vllm_omni_edge.quantization.kernels import KERNEL_ENV
     from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
 
+    from vllm_omni_edge.quantization import linear
+
     monkeypatch.setenv(KERNEL_ENV, "dequant")
+    monkeypatch.setattr(linear, "FOLD_ROWS", 8)  # folded a block of rows at a time: 4 blocks here
     evidence.reset()
     method = CpuInt4LinearMethod(32, True, "linear", "model.layers.0.mlp.down_proj", six_bit=True)
     layer, weight, _ = six_bit_layer(32, 128)
     method.process_weights_after_loading(layer)
     assert "qweight_high" not in layer._parameters
     assert evidence.kernel_counts()["six_bit"] == 0
+    # The 4-bit triple of the weights the 6-bit layer stored, as one quantize() of them gives.
+    for got, want in zip((layer.qweight, layer.scales, layer.zeros), int4.quantize(weight, 32)):
+        assert torch.equal(got.data, want)
     x = torch.randn(2, 128, generator=torch.Generator().manual_seed(9))
     four_bit = int4.dequantize(*int4.quantize(weight, 32))
     assert torch.allclose(method.apply(layer, x), F.linear(x, four_bit), rtol=1e-4, atol=1e-5)

@@ -189,12 +189,20 @@ class CpuInt4LinearMethod(LinearMethodBase):
         return layer.int4_kernel.apply(layer, x, bias)
 
 
+# Rows re-quantized at a time when a 6-bit layer is folded to 4 bits: its fp32 weights are made a
+# block at a time, so a large head does not hold a float copy of itself at load.
+FOLD_ROWS = 4096
+
+
 def fold_to_4bit(layer: torch.nn.Module, prefix: str, kernel: str) -> None:
     """A 6-bit layer's weights re-quantized to the 4-bit triple, for a kernel without 6-bit codes."""
-    weight = dequantize(layer.qweight.data, layer.scales.data, layer.zeros.data,
-                        qweight_high=layer.qweight_high.data)
-    qweight, scales, zeros = quantize(weight, layer.int4_group_size, what=prefix)
-    for name, tensor in (("qweight_high", None), ("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+    qweight, high, scales, zeros = (layer.qweight.data, layer.qweight_high.data, layer.scales.data,
+                                    layer.zeros.data)
+    parts = [quantize(dequantize(qweight[r:r + FOLD_ROWS], scales[r:r + FOLD_ROWS], zeros[r:r + FOLD_ROWS],
+                                 qweight_high=high[r:r + FOLD_ROWS]), layer.int4_group_size, what=prefix)
+             for r in range(0, qweight.shape[0], FOLD_ROWS)]
+    folded = [torch.cat([p[i] for p in parts]) for i in range(3)]
+    for name, tensor in zip(("qweight_high", "qweight", "scales", "zeros"), (None, *folded)):
         set_weight(layer, name, tensor)
     logger.info("cpu_int4: %s is stored 6-bit; %s runs 4-bit codes, so it was re-quantized to 4 bits",
                 prefix, kernel)
