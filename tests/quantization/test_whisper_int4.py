@@ -213,7 +213,7 @@ def test_an_untied_head_is_refused(tiny_whisper, tmp_path):
 
 
 def test_a_linear_left_full_precision_fails_the_check(tiny_whisper, tmp_path, monkeypatch):
-    real = builder._store_4bit
+    real = builder._store_quantized
 
     def skip_fc2(report, written, prefixes, prefix, weight, row, g, zp):
         if prefix.endswith("layers.1.fc2"):
@@ -222,7 +222,7 @@ def test_a_linear_left_full_precision_fails_the_check(tiny_whisper, tmp_path, mo
             return
         real(report, written, prefixes, prefix, weight, row, g, zp)
 
-    monkeypatch.setattr(builder, "_store_4bit", skip_fc2)
+    monkeypatch.setattr(builder, "_store_quantized", skip_fc2)
     with pytest.raises(CheckpointBuildError, match=r"layers\.1\.fc2"):
         build_cpu_int4_checkpoint(tiny_whisper, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()

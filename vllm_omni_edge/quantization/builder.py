@@ -520,24 +520,22 @@ def _quantize_tensors(
 
     grid_names = set(grids.keys()) if grids is not None else set()
 
-    def store_4bit(prefix: str, weight: torch.Tensor, row: str, source: str) -> None:
+    def store_quantized(prefix: str, weight: torch.Tensor, row: str, source: str) -> None:
         grid = None
         if f"{source}.scale" in grid_names:
             grid = grids.get_tensor(f"{source}.scale"), grids.get_tensor(f"{source}.offset")
-        if prefix in six_bit:
-            _store_6bit(report, written, quantized_prefixes, prefix, weight, row, group_size, grid)
-            return
-        _store_4bit(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point, grid)
+        _store_quantized(report, written, quantized_prefixes, prefix, weight, row, group_size, zero_point, grid,
+                    six_bit=prefix in six_bit)
 
     names = sorted(n for n in where if n != HEAD)
     for name in tqdm(names, desc="cpu_int4 quantize", unit="tensor", disable=not progress):
         tensor = where[name].get_tensor(name)
         if LINEAR_WEIGHT.match(name) and tensor.dim() == 2:
             prefix = name.removesuffix(".weight")
-            store_4bit(prefix, tensor, LINEAR_6BIT if prefix in six_bit else LINEAR_4BIT, name)
+            store_quantized(prefix, tensor, LINEAR_6BIT if prefix in six_bit else LINEAR_4BIT, name)
             continue
         if name == EMBEDDING and embedding == "int4":
-            store_4bit(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT, name)
+            store_quantized(EMBEDDING_PREFIX, tensor, TIED_4BIT if tied_int4 else EMBEDDING_4BIT, name)
             continue
         if name == EMBEDDING and embedding == "int8":
             _store_int8_rows(report, written, EMBEDDING_PREFIX, tensor)
@@ -561,7 +559,7 @@ def _quantize_tensors(
             report.written_bytes[HEAD_BF16] += tensor.numel() * tensor.element_size()
     elif not tied_int4:
         six_bit = six_bit if head_source == HEAD else six_bit - {"lm_head"}  # a copy of the embedding: 4-bit
-        store_4bit("lm_head", where[head_source].get_tensor(head_source),
+        store_quantized("lm_head", where[head_source].get_tensor(head_source),
                    HEAD_6BIT if "lm_head" in six_bit else HEAD_4BIT, head_source)
     if head_source == EMBEDDING and not tied_int4 and head != "bf16":
         report.source_bytes[HEAD_4BIT] = 0  # tied: no separate bf16 head existed
@@ -572,50 +570,39 @@ def _quantize_tensors(
     return report, written, quantized_prefixes
 
 
-def _store_4bit(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
+def _store_quantized(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
                 weight: torch.Tensor, row: str, group_size: int, zero_point: str,
-                grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                grid: tuple[torch.Tensor, torch.Tensor] | None = None, six_bit: bool = False) -> None:
     """``grid``: the weight's own GGUF 4-bit grid (scale, offset per 32), used when it is this
-    build's format (float offsets, groups of 32); the weight is then not re-quantized."""
+    build's format (float offsets, groups of 32); the weight is then not re-quantized.
+    ``six_bit``: a 6-bit layer (``int4.quantize_6bit``, a ``qweight_high`` plane beside the nibbles);
+    a weight on its own 4-bit grid (the other parts of a merged layer) keeps the file's codes, their
+    top bits 0."""
     g = group_size_for(weight.shape[1], group_size, what=prefix)
     if g != group_size:
         report.group_size_fallbacks[prefix] = g
+    qweight_high = None
     if grid is not None and zero_point == "float" and g * grid[0].shape[-1] == weight.shape[1]:
         qweight, scales, zeros = quantize_on_grid(weight, *grid, what=prefix)
+        if six_bit:
+            qweight_high = torch.zeros(weight.shape[0], weight.shape[1] // 4, dtype=torch.uint8)
         report.on_gguf_grid[row] += 1
+    elif six_bit:
+        qweight, qweight_high, scales, zeros = quantize_6bit(weight, g, what=prefix)
     else:
         qweight, scales, zeros = quantize(weight, g, what=prefix, zero_point=zero_point)
     ref = weight.float()
-    report._sq_err[row] += float((dequantize(qweight, scales, zeros) - ref).square().sum())
-    report._sq_ref[row] += float(ref.square().sum())
-    for suffix, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
-        written[f"{prefix}.{suffix}"] = t
-        report.written_bytes[row] += t.numel() * t.element_size()
-    report.tensors[row] += 1
-    report.source_bytes[row] += weight.numel() * weight.element_size()
-    quantized_prefixes.append(prefix)
-
-
-def _store_6bit(report: BuildReport, written: dict, quantized_prefixes: list[str], prefix: str,
-                weight: torch.Tensor, row: str, group_size: int,
-                grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-    """A 6-bit layer (``int4.quantize_6bit``); a weight on its own GGUF 4-bit grid (the other parts
-    of a merged layer) keeps the file's codes, their top bits 0."""
-    if grid is not None and group_size * grid[0].shape[-1] == weight.shape[1]:
-        qweight, scales, zeros = quantize_on_grid(weight, *grid, what=prefix)
-        qweight_high = torch.zeros(weight.shape[0], weight.shape[1] // 4, dtype=torch.uint8)
-        report.on_gguf_grid[row] += 1
-    else:
-        qweight, qweight_high, scales, zeros = quantize_6bit(weight, group_size, what=prefix)
-    ref = weight.float()
     report._sq_err[row] += float((dequantize(qweight, scales, zeros, qweight_high=qweight_high) - ref).square().sum())
     report._sq_ref[row] += float(ref.square().sum())
-    for suffix, t in (("qweight", qweight), ("qweight_high", qweight_high), ("scales", scales), ("zeros", zeros)):
-        written[f"{prefix}.{suffix}"] = t
-        report.written_bytes[row] += t.numel() * t.element_size()
+    stored = {"qweight": qweight, "qweight_high": qweight_high, "scales": scales, "zeros": zeros}
+    for suffix, t in stored.items():
+        if t is not None:
+            written[f"{prefix}.{suffix}"] = t
+            report.written_bytes[row] += t.numel() * t.element_size()
     report.tensors[row] += 1
     report.source_bytes[row] += weight.numel() * weight.element_size()
-    report.six_bit.append(prefix)
+    if six_bit:
+        report.six_bit.append(prefix)
     quantized_prefixes.append(prefix)
 
 
@@ -667,7 +654,7 @@ def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int
             if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
                 raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
             prefix = name.removesuffix(".weight")
-            _store_4bit(report, written, quantized_prefixes, prefix, tensor, LINEAR_4BIT, group_size, zero_point)
+            _store_quantized(report, written, quantized_prefixes, prefix, tensor, LINEAR_4BIT, group_size, zero_point)
             if WHISPER_K_PROJ.search(prefix) and f"{prefix}.bias" not in where:
                 bias = torch.zeros(tensor.shape[0], dtype=tensor.dtype)
                 written[f"{prefix}.bias"] = bias
@@ -678,11 +665,11 @@ def _quantize_whisper_tensors(src: Path, out: Path, where: dict, group_size: int
             if tensor.dtype not in SUPPORTED_WEIGHT_DTYPES:
                 raise Int4FormatError(f"{name}: dtype {tensor.dtype} is not supported (bf16, fp16, fp32)")
             if embedding == "int4":  # one matrix: the head shares it at load
-                _store_4bit(report, written, quantized_prefixes, WHISPER_EMBEDDING_PREFIX, tensor, TIED_4BIT,
+                _store_quantized(report, written, quantized_prefixes, WHISPER_EMBEDDING_PREFIX, tensor, TIED_4BIT,
                             group_size, zero_point)
             else:
                 _store_int8_rows(report, written, WHISPER_EMBEDDING_PREFIX, tensor)
-                _store_4bit(report, written, quantized_prefixes, WHISPER_HEAD_PREFIX, tensor, HEAD_4BIT,
+                _store_quantized(report, written, quantized_prefixes, WHISPER_HEAD_PREFIX, tensor, HEAD_4BIT,
                             group_size, zero_point)
                 report.source_bytes[HEAD_4BIT] = 0  # tied in the source: no separate matrix existed
             continue
