@@ -248,6 +248,16 @@ def test_a_kernel_without_6bit_codes_gets_the_layer_requantized_to_4_bits(monkey
 # The builder: which tensors a GGUF promotes
 
 
+def test_bits_per_weight_and_the_main_type_come_from_ggufs_block_sizes():
+    from vllm_omni_edge.models import gguf_to_hf
+
+    assert gguf_to_hf.bits_per_weight("Q6_K") == 6.5625 and gguf_to_hf.bits_per_weight("Q4_K") == 4.5
+    assert gguf_to_hf.main_linear_type({"a": "Q4_K", "b": "Q6_K", "c": "Q4_K"}) == "Q4_K"
+    assert gguf_to_hf.main_linear_type({"a": "Q6_K", "b": "Q4_K"}) == "Q4_K"  # a tie: the fewer bits
+    with pytest.raises(gguf_to_hf.UnsupportedCheckpointError, match="unknown GGML tensor type 'Q9_X'"):
+        gguf_to_hf.bits_per_weight("Q9_X")
+
+
 def test_six_bit_modules_are_the_promoted_tensors_and_their_merged_parts():
     from vllm_omni_edge.quantization.builder import six_bit_modules
 

@@ -126,10 +126,6 @@ SUPPORTED_GGUF_ARCHITECTURES = tuple(ARCHS)
 # gguf dequantizes more (IQ*, TQ*, MXFP4); those are refused until compared too.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-# Bits a weight of each type takes in the file, block scales included (ggml's block sizes).
-BITS_PER_WEIGHT = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q4_0": 4.5, "Q4_1": 5.0,
-                   "Q5_0": 5.5, "Q5_1": 6.0, "Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5, "Q5_K": 5.5,
-                   "Q6_K": 6.5625}
 # The grids file's metadata key: each weight's GGUF type by its Hugging Face name (JSON).
 GRID_TYPES_KEY = "gguf_types"
 
@@ -684,6 +680,28 @@ def _save_grids(grids: dict[str, tuple[np.ndarray, np.ndarray]], out: Path, type
         save_file({f"{name}.{part}": torch.from_numpy(np.ascontiguousarray(value))
                    for name, grid in grids.items() for part, value in zip(("scale", "offset"), grid)}, str(partial),
                   metadata={GRID_TYPES_KEY: json.dumps(types, sort_keys=True)})
+
+
+def bits_per_weight(type_name: str) -> float:
+    """Stored bits a weight of a GGML tensor type takes, block scales included (gguf's block sizes)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType[type_name]
+    except KeyError as exc:
+        raise UnsupportedCheckpointError(f"unknown GGML tensor type {type_name!r}") from exc
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    return nbytes * 8 / block
+
+
+def main_linear_type(types: dict[str, str]) -> str:
+    """The type most of the given layer weights are stored in (ties: the fewer bits)."""
+    counts: dict[str, int] = {}
+    for type_name in types.values():
+        counts[type_name] = counts.get(type_name, 0) + 1
+    if not counts:
+        raise UnsupportedCheckpointError("no layer weights among the tensors")
+    return min(counts, key=lambda t: (-counts[t], bits_per_weight(t)))
 
 
 def read_grid_types(path: Path) -> dict[str, str] | None:

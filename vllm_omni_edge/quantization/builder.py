@@ -57,9 +57,10 @@ import torch
 from vllm_omni_edge.atomic import atomic_directory
 from vllm_omni_edge.log import get_logger
 from vllm_omni_edge.models.gguf_to_hf import (
-    BITS_PER_WEIGHT,
     UnsupportedCheckpointError,
+    bits_per_weight,
     convert_gguf_to_hf,
+    main_linear_type,
     read_grid_types,
 )
 from vllm_omni_edge.models.tokenizer_config import add_added_tokens
@@ -279,12 +280,9 @@ def six_bit_modules(types: dict[str, str] | None, promoted_bits: int = DEFAULT_P
     linears = {n: t for n, t in types.items() if LINEAR_WEIGHT.match(n)}
     if not linears:
         return set()
-    counts: dict[str, int] = defaultdict(int)
-    for t in linears.values():
-        counts[t] += 1
-    main_bits = BITS_PER_WEIGHT.get(max(counts, key=counts.get), 0.0)
-    promoted = {n.removesuffix(".weight") for n, t in {**linears, HEAD: types.get(HEAD, "")}.items()
-                if BITS_PER_WEIGHT.get(t, 0.0) > main_bits}
+    main_bits = bits_per_weight(main_linear_type(linears))
+    candidates = {**linears, HEAD: types[HEAD]} if HEAD in types else linears
+    promoted = {n.removesuffix(".weight") for n, t in candidates.items() if bits_per_weight(t) > main_bits}
     for name in list(promoted):
         parent, _, part = name.rpartition(".")
         for group in MERGED_PARTS:

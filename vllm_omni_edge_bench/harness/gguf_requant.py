@@ -134,14 +134,13 @@ def hf_module_name(gguf_name: str) -> str | None:
 
 def bits_per_weight(type_name: str) -> float:
     """Stored bits per weight of a GGML tensor type (block bytes * 8 / block weights)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from vllm_omni_edge.models.gguf_to_hf import UnsupportedCheckpointError
+    from vllm_omni_edge.models.gguf_to_hf import bits_per_weight as product_bits
 
     try:
-        qtype = GGMLQuantizationType[type_name]
-    except KeyError as exc:
-        raise RequantError(f"unknown GGML tensor type {type_name!r}") from exc
-    block, nbytes = GGML_QUANT_SIZES[qtype]
-    return nbytes * 8 / block
+        return product_bits(type_name)
+    except UnsupportedCheckpointError as exc:
+        raise RequantError(str(exc)) from exc
 
 
 def gguf_tensor_types(gguf_path: Path) -> dict[str, str]:
@@ -161,13 +160,13 @@ def gguf_tensor_types(gguf_path: Path) -> dict[str, str]:
 
 def main_linear_type(types: dict[str, str]) -> str:
     """The type most layer weights are stored in (ties: the fewer bits)."""
-    counts: dict[str, int] = {}
-    for name, type_name in types.items():
-        if name.startswith("model.layers."):
-            counts[type_name] = counts.get(type_name, 0) + 1
-    if not counts:
-        raise RequantError("no layer weights among the tensors")
-    return min(counts, key=lambda t: (-counts[t], bits_per_weight(t)))
+    from vllm_omni_edge.models import gguf_to_hf
+
+    layers = {name: t for name, t in types.items() if name.startswith("model.layers.")}
+    try:
+        return gguf_to_hf.main_linear_type(layers)
+    except gguf_to_hf.UnsupportedCheckpointError as exc:  # no layers, or a type gguf does not know
+        raise RequantError(str(exc)) from exc
 
 
 def promoted_tensors(types: dict[str, str]) -> list[str]:
