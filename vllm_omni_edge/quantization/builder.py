@@ -126,9 +126,8 @@ LINEAR_4BIT, HEAD_4BIT, EMBEDDING_ROW, NORMS, BIASES, OTHER = (
 EMBEDDING_4BIT, TIED_4BIT = "embedding 4-bit", "emb+head 4-bit"  # the latter: one tied matrix
 EMBEDDING_INT8 = "embedding int8"
 LINEAR_6BIT, HEAD_6BIT = "linear 6-bit", "head 6-bit"
-# Bits for the tensors a GGUF stores at more bits than its main linear type: 6 keeps most of
-# what the file's author gave them (Q6_K: 6.56 bits; our 6-bit codes with their bf16 pairs: 7), 4
-# stores them like the rest.
+# Bits for the tensors a GGUF stores at more bits than its main linear type: 6 keeps most of the
+# precision the file gave them (a Q6_K's, at about its bytes), 4 stores them like the rest.
 PROMOTED_BITS = (6, 4)
 DEFAULT_PROMOTED_BITS = 6
 # Layers vLLM loads as one (llama-style decoders): a 6-bit part makes the merged layer 6-bit.
