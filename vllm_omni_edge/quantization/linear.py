@@ -192,6 +192,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
 # Rows re-quantized at a time when a 6-bit layer is folded to 4 bits: its fp32 weights are made a
 # block at a time, so a large head does not hold a float copy of itself at load.
 FOLD_ROWS = 4096
+# Kernels this process has folded 6-bit layers for (announced once each).
+_FOLDED_FOR: set[str] = set()
 
 
 def fold_to_4bit(layer: torch.nn.Module, prefix: str, kernel: str) -> None:
@@ -204,8 +206,11 @@ def fold_to_4bit(layer: torch.nn.Module, prefix: str, kernel: str) -> None:
     folded = [torch.cat([p[i] for p in parts]) for i in range(3)]
     for name, tensor in zip(("qweight_high", "qweight", "scales", "zeros"), (None, *folded)):
         set_weight(layer, name, tensor)
-    logger.info("cpu_int4: %s is stored 6-bit; %s runs 4-bit codes, so it was re-quantized to 4 bits",
-                prefix, kernel)
+    if kernel not in _FOLDED_FOR:  # once per kernel and process; each layer at debug level
+        _FOLDED_FOR.add(kernel)
+        logger.info("cpu_int4: %s runs 4-bit codes: the layers the checkpoint stores 6-bit are re-quantized "
+                    "to 4 bits at load", kernel)
+    logger.debug("cpu_int4: %s is stored 6-bit; re-quantized to 4 bits for %s", prefix, kernel)
 
 
 # Linear layers hand v2-parameter methods to weight_loader_v2 only when listed here.
