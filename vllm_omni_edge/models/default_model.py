@@ -168,7 +168,12 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
 
     For a speech model the source is its transformers checkpoint (float16); the builder
     stores its linears 4-bit and keeps the rest as stored (quantization/builder.py)."""
-    from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint, built_formats, default_build_formats
+    from vllm_omni_edge.quantization.builder import (
+        build_cpu_int4_checkpoint,
+        built_formats,
+        default_build_formats,
+        stale_gguf_build,
+    )
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     out = cpu_int4_model_dir(model)
@@ -177,12 +182,11 @@ def pull_cpu_int4_model(model: EmbeddedModel | EmbeddedSpeechModel, *, force: bo
     if not force and (out / "config.json").is_file():
         try:
             manifest = verify_manifest(out) or {}
+            stale = stale_gguf_build(manifest) if from_gguf else None
             if built_formats(out) != default_build_formats(model_dir(model)):
                 say("rebuilding: the builder's default format for this model changed")
-            elif from_gguf and "gguf_grid_tensors" not in manifest:
-                say("rebuilding: the builder now keeps the GGUF's 4-bit codes")
-            elif from_gguf and "six_bit_layers" not in manifest:
-                say("rebuilding: the builder now keeps the GGUF's higher-precision tensors at 6 bits")
+            elif stale is not None:
+                say(f"rebuilding: {stale}")
             else:
                 add_added_tokens(out)  # a checkpoint built before the builder wrote them
                 return out

@@ -45,6 +45,7 @@ def _good(directory: Path, head: str | None = None) -> bool:
     """Complete (directories appear whole), where a cpu_int4 manifest lists files intact, built
     keeping the file's 4-bit codes and its higher-precision matrices at 6 bits, and (``head``) with the
     head format the builder now uses for a GGUF."""
+    from vllm_omni_edge.quantization.builder import stale_gguf_build
     from vllm_omni_edge.quantization.manifest import verify_manifest
 
     if not (directory / "config.json").is_file():
@@ -59,13 +60,9 @@ def _good(directory: Path, head: str | None = None) -> bool:
         logger.info("%s was built with a %s head, the builder now keeps a %s one; building it again",
                     directory, built_head, head)
         return False
-    if manifest is not None and "gguf_grid_tensors" not in manifest:
-        logger.info("%s re-quantized the file's 4-bit weights, the builder now keeps their codes; "
-                    "building it again", directory)
-        return False
-    if manifest is not None and "six_bit_layers" not in manifest:
-        logger.info("%s stored every matrix 4-bit, the builder now keeps the file's higher-precision ones "
-                    "at 6 bits; building it again", directory)
+    stale = stale_gguf_build(manifest) if manifest is not None else None
+    if stale is not None:
+        logger.info("%s is an older build (%s); building it again", directory, stale)
         return False
     return True
 

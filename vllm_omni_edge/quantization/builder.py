@@ -314,6 +314,16 @@ def default_formats(gguf_tied: bool | None, embedding: str | None, head: str | N
     return embedding, head
 
 
+def stale_gguf_build(manifest: dict) -> str | None:
+    """Why a checkpoint built from a GGUF (its manifest) is older than what the builder writes now,
+    or None if it is current."""
+    if "gguf_grid_tensors" not in manifest:
+        return "the builder now keeps the GGUF's 4-bit codes"
+    if "six_bit_layers" not in manifest:
+        return "the builder now keeps the GGUF's higher-precision tensors at 6 bits"
+    return None
+
+
 def built_formats(out: Path) -> tuple[str, str]:
     """(embedding, head) of a built checkpoint, read from its quantization config."""
     config = json.loads((Path(out) / "config.json").read_text())["quantization_config"]
