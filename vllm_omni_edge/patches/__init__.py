@@ -38,6 +38,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.cpu_random_sample",
     "vllm_omni_edge.patches.worker.cpu_attention_calls",
     "vllm_omni_edge.patches.worker.fused_silu_mlp",
+    "vllm_omni_edge.patches.worker.compiled_graph_args",
     "vllm_omni_edge.patches.worker.engine_core_parent_watch",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
