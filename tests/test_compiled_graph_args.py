@@ -103,8 +103,10 @@ def _inputs(n, seed):
     return torch.randn(n, 8, generator=g), torch.arange(float(n))
 
 
-def test_a_real_compiled_function_goes_direct_after_its_checks(compiled):
+def test_a_real_compiled_function_goes_direct_after_its_checks(compiled, monkeypatch):
     module, fn = compiled
+    told = []
+    monkeypatch.setattr(patch, "listeners", [told.append])
     original = getattr(type(fn).__call__, "__wrapped__", type(fn).__call__)
     dynamo_calls = []
 
@@ -119,6 +121,7 @@ def test_a_real_compiled_function_goes_direct_after_its_checks(compiled):
             x, pos = _inputs(n, i)
             torch.testing.assert_close(memo(counted, (module, x, pos), {}), original(fn, module, x, pos))
         assert memo.states[memo.pattern((module, x, pos), {})][0] == "plan"
+        assert told and told[-1]["planned"] >= 1  # the evidence hears of the plan
         before = len(dynamo_calls)
         for n in (1, 7, 4):
             x, pos = _inputs(n, 10 + n)

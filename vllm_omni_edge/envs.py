@@ -256,6 +256,9 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_GRAPH_ARGS", "a compiled forward calls its graph with the argument list "
            "kept from checked calls, the per-call tensors put in (1); or dynamo's code gathers every "
            "parameter on every call (0)", LEVER, ("patches/worker/compiled_graph_args.py",)),
+    Switch("VLLM_OMNI_EDGE_SLOT_MAPPING_CALL", "a step's KV slot mapping computed with one call of "
+           "vLLM's C++ op (1); or through vLLM's Triton launcher, which then calls it (0)", LEVER,
+           ("patches/worker/slot_mapping_call.py",)),
     Switch("VLLM_OMNI_EDGE_ATTENTION_CALLS", "CPU attention calls of a decoder layer with cache "
            "views kept and ops called directly (1); or vLLM's (0)", LEVER,
            ("patches/worker/cpu_attention_calls.py",)),

@@ -243,6 +243,8 @@ def collect_worker_evidence(worker) -> dict:
         "attention_calls_trimmed": _attention_calls_trimmed(),
         # KV write inside the attention call: one custom op per layer, not two.
         "attention_one_call": _attention_one_call(),
+        # Compiled forwards' argument patterns called with a kept list (patches/worker/compiled_graph_args.py).
+        "compiled_graph_args": _compiled_graph_args(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
         "fused_silu_mlps": _fused_silu_mlps(model),
         "compile_warmup_tokens": _compile_warmup_tokens(),
@@ -286,6 +288,12 @@ def _attention_one_call() -> bool:
     from vllm_omni_edge.patches.worker.cpu_attention_calls import one_call_in_force
 
     return one_call_in_force()
+
+
+def _compiled_graph_args() -> dict[str, int]:
+    from vllm_omni_edge.patches.worker.compiled_graph_args import summary
+
+    return summary()
 
 
 def _fused_silu_mlps(model) -> int:

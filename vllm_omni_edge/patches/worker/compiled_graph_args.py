@@ -234,6 +234,7 @@ class Memo:
         # pattern -> ("watch", [Observation]) | ("check", slots, mapping, n) | ("plan", slots, mapping)
         # | ("off", reason)
         self.states: dict[tuple, tuple] = {}
+        _MEMOS.add(self)
 
     @staticmethod
     def pattern(args: tuple, kwargs: dict) -> tuple | None:
@@ -305,9 +306,11 @@ class Memo:
                 if n >= CHECK_CALLS:
                     log.debug("graph arguments of %s kept: %d, %d from each call",
                               self.fn.__qualname__, len(slots), sum(s[0] != "static" for s in slots))
+                    _record()
         except Unexplained as exc:
             self.states[key] = ("off", str(exc))
             log.debug("graph arguments of %s kept off: %s", self.fn.__qualname__, exc)
+            _record()
 
 
 def _sizes_vary(observations: list[Observation]) -> bool:
@@ -322,8 +325,26 @@ def memo_of(compiled: Any) -> Memo:
     if memo is None:
         memo = Memo(compiled)
         compiled.__dict__[_MEMO_ATTR] = memo
-        _MEMOS.add(memo)
     return memo
+
+
+def summary() -> dict[str, int]:
+    """Argument patterns of this process's compiled functions, by state (for the evidence)."""
+    counts = {"planned": 0, "off": 0, "watching": 0}
+    for memo in list(_MEMOS):
+        for state in list(memo.states.values()):
+            counts["planned" if state[0] == "plan" else "off" if state[0] == "off" else "watching"] += 1
+    return counts
+
+
+# Called with summary() when a pattern gets its plan or is turned off (the evidence recorder
+# registers one when the harness asks for evidence).
+listeners: list[Callable[[dict[str, int]], None]] = []
+
+
+def _record() -> None:
+    for listener in listeners:
+        listener(summary())
 
 
 def forget_plans() -> None:

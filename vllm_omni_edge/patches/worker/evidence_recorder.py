@@ -38,7 +38,22 @@ def apply() -> str:
     if evidence_dir() is None:
         return "no evidence directory requested; not wrapped"
     now = when_imported(TARGET_MODULE, _wrap)
+    _follow_graph_args()
     return "CPUWorker.compile_or_warm_up_model writes evidence" + ("" if now else " (on import)")
+
+
+def _graph_args_to_evidence(counts: dict[str, int]) -> None:
+    from vllm_omni_edge.evidence import update_worker_evidence
+
+    update_worker_evidence(compiled_graph_args=counts)
+
+
+def _follow_graph_args() -> None:
+    """Compiled forwards get their argument plans on the first requests, after the worker's record."""
+    from vllm_omni_edge.patches.worker import compiled_graph_args
+
+    if _graph_args_to_evidence not in compiled_graph_args.listeners:
+        compiled_graph_args.listeners.append(_graph_args_to_evidence)
 
 
 def _wrap(module) -> None:
