@@ -27,7 +27,7 @@ from vllm_omni_edge_bench.harness.provenance import PROJECT_ROOT
 RESULTS = PROJECT_ROOT / "results"
 PAGE = PROJECT_ROOT / "docs" / "edge" / "results.md"
 # Reports in the order a run's own write-up is looked for.
-REPORTS = ("report.md", "decode_profile.md", "decode_decompose.md", "floor.md", "omni-stages.md")
+REPORTS = ("report.md", "decode_profile.md", "decode_decompose.md", "step_ab.md", "floor.md", "omni-stages.md")
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -96,6 +96,16 @@ def _decode_decompose(run: Path) -> tuple[str, dict | None] | None:
             f"`LLM({kwargs})`, {record['rounds']} rounds", record["provenance"].get("cpu"))
 
 
+def _step_ab(run: Path) -> tuple[str, dict | None] | None:
+    if not (run / "step_ab.json").is_file():
+        return None
+    record = _json(run / "step_ab.json")
+    kwargs = ", ".join(f"{k}={v!r}" for k, v in record["llm_kwargs"].items())
+    return (f"levers {', '.join(record['levers'])} off at alternate decode steps of one engine (an "
+            f"observation): {Path(record['model']).name}, `LLM({kwargs})`, {record['rounds']} requests",
+            record["provenance"].get("cpu"))
+
+
 def _floor(run: Path) -> tuple[str, dict | None] | None:
     if not (run / "floor.json").is_file():
         return None
@@ -148,7 +158,7 @@ def _spoken_question(run: Path) -> tuple[str, dict | str | None] | None:
 
 
 KINDS: tuple[Callable[[Path], tuple[str, Any] | None], ...] = (
-    _grid, _kernel_paths, _decode_profile, _decode_decompose, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant,
+    _grid, _kernel_paths, _decode_profile, _decode_decompose, _step_ab, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant,
     _spoken_question)
 
 

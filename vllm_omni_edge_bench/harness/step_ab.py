@@ -1,0 +1,218 @@
+"""A decode-step lever against its off arm, step by step in one engine.
+
+    python -m vllm_omni_edge_bench.harness.step_ab --levers compiled_graph_args,slot_mapping_call
+        [--model default:cpu_int4] [--llm-kwargs '{"max_model_len": 512}'] [--rounds 8]
+        [--gen-tokens 128] [--out DIR]
+
+Builds ``LLM(model=CKPT, **llm_kwargs)`` in this process as the user's command does (no
+environment flags: every lever in its default state) and decodes greedy requests of
+``--gen-tokens`` tokens. During each request the named levers are switched off and on again
+at alternate engine steps (the harness swaps the patched callables for vLLM's and back, see
+``LEVERS``), and each step's wall time goes to its arm. A lever's effect of a few percent is
+well below what the box's bandwidth does between two processes minutes apart; here both arms
+see the same box within milliseconds. The first two steps of a request (its prefill and the
+plan's first calls) are not counted.
+
+Per round (one request): each arm's median step. Reported: the off/on ratio of those medians
+over the rounds (median, min–max; above 1 means the lever shortens a step), and each arm's
+median step. Every request's tokens must equal a first request's with the levers on, and each
+lever must show it acted (``acted``), or the run fails. One run on a shared box is an
+observation: quote it with its box and spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_omni_edge_bench.harness import provenance
+from vllm_omni_edge_bench.harness.runner import RESULTS_ROOT
+from vllm_omni_edge_bench.harness.stats import spread
+
+PROMPT = "Write a story about a cat."
+SKIP_STEPS = 2
+
+
+class StepABError(RuntimeError):
+    """The run cannot measure what it claims to."""
+
+
+@dataclass
+class Lever:
+    """How to switch a patch off and on while the engine runs, and how to tell it acted."""
+
+    off: Callable[[], None]
+    on: Callable[[], None]
+    acted: Callable[[], bool]
+
+
+def _graph_args() -> Lever:
+    from vllm_omni_edge.patches.worker import compiled_graph_args as patch
+
+    planned = patch.Memo.__call__
+
+    def bypass(self, original, args, kwargs):
+        return original(self.compiled, *args, **kwargs)
+
+    def off():
+        patch.Memo.__call__ = bypass
+
+    def on():
+        patch.Memo.__call__ = planned
+
+    return Lever(off, on, lambda: patch.summary()["planned"] > 0)
+
+
+def _slot_mapping() -> Lever:
+    from vllm.v1.worker import block_table
+
+    wrapped = block_table.BlockTable.compute_slot_mapping
+    if not getattr(wrapped, "__edge_slot_mapping_call__", False):
+        raise StepABError("slot_mapping_call is not applied in this process")
+    stock = wrapped.__wrapped__
+
+    def off():
+        block_table.BlockTable.compute_slot_mapping = stock
+
+    def on():
+        block_table.BlockTable.compute_slot_mapping = wrapped
+
+    return Lever(off, on, lambda: True)
+
+
+LEVERS: dict[str, Callable[[], Lever]] = {
+    "compiled_graph_args": _graph_args,
+    "slot_mapping_call": _slot_mapping,
+}
+
+
+def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, gen_tokens: int) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.v1.engine.core import EngineCore
+
+    llm = LLM(model=model, **llm_kwargs)
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    if not isinstance(core, EngineCore):
+        raise StepABError("the engine does not run in this process (vLLM's multiprocess layout?)")
+    params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True, temperature=0)
+    reference = list(llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
+    levers = [LEVERS[name]() for name in names]
+    steps: dict[str, list[float]] = {"on": [], "off": []}
+    state = {"n": 0}
+    step_fn = core.step_fn
+
+    def alternating(*args, **kwargs):
+        state["n"] += 1
+        arm = "off" if state["n"] % 2 else "on"
+        for lever in levers:
+            (lever.off if arm == "off" else lever.on)()
+        start = time.perf_counter()
+        try:
+            return step_fn(*args, **kwargs)
+        finally:
+            if state["n"] > SKIP_STEPS:
+                steps[arm].append(time.perf_counter() - start)
+
+    core.step_fn = alternating
+    per_round: list[dict[str, float]] = []
+    try:
+        for _ in range(rounds):
+            state["n"] = 0
+            steps["on"].clear()
+            steps["off"].clear()
+            out = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+            if list(out.token_ids) != reference:
+                raise StepABError("a request's tokens differ from the first request's: the arms do not compute the same")
+            on, off = spread(steps["on"])["median"] * 1e3, spread(steps["off"])["median"] * 1e3
+            per_round.append({"on_ms": on, "off_ms": off, "ratio": off / on})
+    finally:
+        core.step_fn = step_fn
+        for lever in levers:
+            lever.on()
+    not_acting = [name for name, lever in zip(names, levers) if not lever.acted()]
+    if not_acting:
+        raise StepABError(f"levers that never acted: {not_acting}")
+    return {"model": model, "llm_kwargs": llm_kwargs, "levers": names, "rounds": rounds, "gen_tokens": gen_tokens,
+            "per_round": per_round,
+            "step_ms": {arm: spread([r[f"{arm}_ms"] for r in per_round]) for arm in ("on", "off")},
+            "off_over_on": spread([r["ratio"] for r in per_round])}
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    prov = record["provenance"]
+    ratio = record["off_over_on"]
+    lines = [f"# Step A/B: {', '.join(record['levers'])} on {record['model']}", "",
+             "One run on a shared box: an observation, not a grid measurement.", "",
+             f"- `LLM(model=..., {', '.join(f'{k}={v!r}' for k, v in record['llm_kwargs'].items())})`, "
+             f"{record['gen_tokens']} greedy tokens a request, {record['rounds']} requests; the levers "
+             "off at odd engine steps, on at even ones",
+             f"- CPU: {prov['cpu'].get('model_name')}, {prov['cpu'].get('logical_cpus')} logical CPUs; "
+             f"code {(prov['git'].get('sha') or '?')[:12]}{' (dirty)' if prov['git'].get('dirty') else ''}", "",
+             f"**Step off / on: {ratio['median']:.3f} ({ratio['min']:.3f}–{ratio['max']:.3f})**", "",
+             "| request | step on, ms | step off, ms | off / on |", "|---:|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {r['on_ms']:.3f} | {r['off_ms']:.3f} | {r['ratio']:.3f} |"
+              for i, r in enumerate(record["per_round"])]
+    return "\n".join(lines) + "\n"
+
+
+def default_out(model: str, names: list[str]) -> Path:
+    name = Path(model.split(":")[0]).name.lower().replace("_", "-")
+    return RESULTS_ROOT / f"{time.strftime('%Y-%m-%d')}-step-ab-{'-'.join(n.replace('_', '-') for n in names)}-{name}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levers", required=True, help=f"comma-separated, of: {', '.join(LEVERS)}")
+    parser.add_argument("--model", default="default:cpu_int4", help="checkpoint dir or NAME[:cpu_int4]")
+    parser.add_argument("--llm-kwargs", default='{"max_model_len": 512}',
+                        help="JSON: LLM() keyword arguments besides model (the README's command by default)")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None, help="artifact directory [results/<date>-step-ab-...]")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.levers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in LEVERS]
+    if not names or unknown:
+        parser.error(f"--levers: unknown {unknown or 'none given'}; known: {', '.join(LEVERS)}")
+    if args.rounds < 3:
+        parser.error(f"--rounds must be at least 3 (medians of 3 or more), got {args.rounds}")
+    if args.gen_tokens < 16:
+        parser.error(f"--gen-tokens must be at least 16, got {args.gen_tokens}")
+    try:
+        llm_kwargs = json.loads(args.llm_kwargs)
+    except json.JSONDecodeError as error:
+        parser.error(f"--llm-kwargs is not JSON: {error}")
+    if not isinstance(llm_kwargs, dict) or "model" in llm_kwargs:
+        parser.error("--llm-kwargs must be a JSON object without 'model' (use --model)")
+    from vllm_omni_edge.atomic import atomic_directory
+    from vllm_omni_edge_bench.harness.grid import resolve_model
+
+    model = resolve_model(args.model)
+    if not Path(model).is_dir():
+        parser.error(f"model {model} does not exist (build it with `vllm-omni-edge models pull ...`)")
+    out = args.out or default_out(args.model, names)
+    if out.exists() and any(out.iterdir()):
+        parser.error(f"{out} is not empty; artifacts are never overwritten")
+    argv_record = sys.argv if argv is None else ["-m", "vllm_omni_edge_bench.harness.step_ab", *argv]
+    record: dict[str, Any] = {"provenance": provenance.collect(grid_text="", argv=argv_record)}
+    try:
+        record.update(run(model, llm_kwargs, names, args.rounds, args.gen_tokens))
+    except StepABError as error:
+        print(f"step_ab: {error}", file=sys.stderr)
+        return 1
+    record["provenance"]["finished"] = provenance.now_iso()
+    with atomic_directory(out) as work:
+        (work / "step_ab.json").write_text(json.dumps(record, indent=2, default=str))
+        (work / "step_ab.md").write_text(render_markdown(record))
+    print((out / "step_ab.md").read_text())
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
