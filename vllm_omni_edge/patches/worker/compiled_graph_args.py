@@ -51,7 +51,8 @@ RECORD = PatchRecord(
     "name again on each call; on CPU, with no CUDA graph, that is part of every decode step.",
     verified_by="tests/test_compiled_graph_args.py (argument kinds, unexplained patterns left to "
     "dynamo, a changed parameter caught by the check calls, a real compiled function; e2e: the "
-    "default model's greedy tokens with and without).",
+    "default model's greedy tokens with and without); `step_ab --levers compiled_graph_args` "
+    "(docs/edge/harness.md).",
     remove_when="vLLM or torch calls a compiled forward on CPU without gathering its parameters "
     "on every call.",
     upstream="none found",

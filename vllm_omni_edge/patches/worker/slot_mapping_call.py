@@ -30,8 +30,7 @@ RECORD = PatchRecord(
     why="On CPU each step's slot mapping goes through a Triton launcher (signature binding, a "
     "launch plan, keyword arguments) to reach a C++ op that takes a fraction of that time.",
     verified_by="tests/test_slot_mapping_call.py (same mapping as vLLM's launcher, padding "
-    "included; other tables to vLLM). In one engine, calls alternating (ad hoc, Zen 4 box): "
-    "25 us a step against 99 us, the same mapping on every step.",
+    "included; other tables to vLLM); `step_ab --levers slot_mapping_call` (docs/edge/harness.md).",
     remove_when="vLLM's CPU model runner calls its slot-mapping op without the Triton launcher.",
     upstream="none found",
 )
