@@ -172,11 +172,32 @@ def test_code_with_side_effects_has_no_graph_to_call():
     assert patch.graph_name(lambda: None) is None
 
 
-def test_guards_on_leave_the_call_to_dynamo():
-    calls = []
-    wrapped = patch.make_wrapper(lambda self, *a, **k: calls.append(a) or "dynamo")
-    fake = SimpleNamespace(_guard_check_enabled=True)
-    assert wrapped(fake, 1, 2) == "dynamo" and calls == [(1, 2)]
+def test_with_guards_on_a_planned_call_checks_them_first(compiled):
+    module, fn = compiled
+    original = getattr(type(fn).__call__, "__wrapped__", type(fn).__call__)
+    memo = patch.Memo(fn)
+    checks, dynamo = [], []
+
+    def counted(self, *args, **kwargs):
+        dynamo.append(1)
+        return original(self, *args, **kwargs)
+
+    fn._guard_check_enabled = True
+    try:
+        with torch.enable_grad():  # the grad mode it was compiled in, sizes >= 2: the real guards pass
+            for i, n in enumerate([3, 2, 4, 5]):
+                memo(counted, (module, *_inputs(n, i)), {})
+            fn.guard_check = lambda *a, **k: checks.append(1) or True
+            before = len(dynamo)
+            x, pos = _inputs(4, 20)
+            torch.testing.assert_close(memo(counted, (module, x, pos), {}), module(x, pos))
+            assert checks == [1] and len(dynamo) == before  # checked, then the kept list
+            fn.guard_check = lambda *a, **k: False
+            with pytest.raises(RuntimeError):  # a failing guard goes to dynamo's path, which raises
+                memo(counted, (module, x, pos), {})
+    finally:
+        fn._guard_check_enabled = False
+        fn.__dict__.pop("guard_check", None)
 
 
 PROBE = (
@@ -202,13 +223,11 @@ def test_the_default_model_decodes_the_same_tokens_from_the_kept_arguments():
     from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model
 
     model = pull_cpu_int4_model(DEFAULT_MODEL)
-    for _ in range(2):  # a start that compiles keeps guards on (no plan); the next loads the cache
-        proc = subprocess.run([sys.executable, "-c", PROBE, str(model)], capture_output=True, text=True,
-                              timeout=900, env=vllm_env())
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-        assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-        result = json.loads(lines[-1].removeprefix("PROBE-RESULT "))
-        assert result["planned"] == result["dynamo"]
-        if not result["guards"]:
-            break
-    assert not result["guards"] and "plan" in result["states"], result
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(model)], capture_output=True, text=True,
+                          timeout=900, env=vllm_env())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("PROBE-RESULT "))
+    # A start that compiled (guards on) plans as well as one that loaded the cache (guards off).
+    assert "plan" in result["states"], result
+    assert result["planned"] == result["dynamo"]
