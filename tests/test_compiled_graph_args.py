@@ -49,6 +49,9 @@ def test_classify_sorts_every_kind_of_argument():
     assert patch.matches(slots, ("item", 1), fresh)
     built = patch.build(slots, fresh.args)
     assert built[0] == 3 and built[1] is fresh.args[0] and built[2] is weight and built[3] is fresh.args[1]
+    template, per_call = patch.compile_plan(slots)
+    assert template[2] is weight and template[4] == Name("layers.0.attn")
+    assert per_call == ((0, 0, 0), (1, 0, None), (3, 1, None))
 
 
 def test_a_changed_parameter_is_not_explained_by_the_plan():

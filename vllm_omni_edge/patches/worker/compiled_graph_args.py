@@ -193,6 +193,14 @@ def build(slots: list[Slot], args: tuple) -> list:
     return flat
 
 
+def compile_plan(slots: list[Slot]) -> tuple[list, tuple]:
+    """A list with every kept argument in place, and (position, input index, dim or None) for the rest."""
+    template = [slot[1] if slot[0] == "static" else None for slot in slots]
+    per_call = tuple((i, slot[1], slot[2] if slot[0] == "size" else None)
+                     for i, slot in enumerate(slots) if slot[0] != "static")
+    return template, per_call
+
+
 def assemble(mapping: tuple, outputs: Any) -> Any:
     if mapping[0] == "item":
         return outputs[mapping[1]]
@@ -234,8 +242,8 @@ class Memo:
         self.fn = compiled.fn
         self.name = graph_name(self.fn)
         self.lock = threading.Lock()
-        # pattern -> ("watch", [Observation]) | ("check", slots, mapping, n) | ("plan", slots, mapping)
-        # | ("off", reason)
+        # pattern -> ("watch", [Observation]) | ("check", slots, mapping, n)
+        # | ("plan", slots, mapping, template, per-call slots) | ("off", reason)
         self.states: dict[tuple, tuple] = {}
         _MEMOS.add(self)
 
@@ -253,8 +261,11 @@ class Memo:
         if state is not None and state[0] == "plan":
             if self.compiled._guard_check_enabled and not self.compiled.guard_check(*args, **kwargs):
                 return original(self.compiled, *args, **kwargs)  # dynamo's path raises its guard error
-            graph = self.fn.__globals__[self.name]
-            return assemble(state[2], graph(*build(state[1], args[1:])))
+            flat = state[3].copy()
+            for i, j, d in state[4]:
+                value = args[j + 1]  # args[0] is the module
+                flat[i] = value if d is None else value.shape[d]
+            return assemble(state[2], self.fn.__globals__[self.name](*flat))
         if state is not None and state[0] == "off":
             return original(self.compiled, *args, **kwargs)
         with self.lock:
@@ -307,7 +318,8 @@ class Memo:
                 if not matches(slots, mapping, o):
                     raise Unexplained("a check call's arguments differ from the plan's")
                 n += 1
-                self.states[key] = ("plan", slots, mapping) if n >= CHECK_CALLS else ("check", slots, mapping, n)
+                self.states[key] = ("plan", slots, mapping, *compile_plan(slots)) if n >= CHECK_CALLS \
+                    else ("check", slots, mapping, n)
                 if n >= CHECK_CALLS:
                     log.debug("graph arguments of %s kept: %d, %d from each call",
                               self.fn.__qualname__, len(slots), sum(s[0] != "static" for s in slots))
