@@ -39,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni_edge_bench.harness import provenance
+from vllm_omni_edge_bench.harness import engine_probe
 from vllm_omni_edge_bench.harness.runner import RESULTS_ROOT
 from vllm_omni_edge_bench.harness.stats import spread
 
@@ -147,13 +147,9 @@ def derive(medians: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def run(model: str, llm_kwargs: dict[str, Any], rounds: int, gen_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
-    from vllm.v1.engine.core import EngineCore
 
     llm = LLM(model=model, **llm_kwargs)
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    if not isinstance(core, EngineCore):
-        raise DecomposeError("the engine does not run in this process (vLLM's multiprocess layout?); "
-                             "the stubs must be in the process that runs the model")
+    core = engine_probe.in_process_core(llm, DecomposeError, "the stubs must be in the process that runs the model")
     runner = core.model_executor.driver_worker.worker.model_runner
     model_module = runner.model
     times: Counter[str] = Counter()
@@ -236,45 +232,16 @@ def default_out(model: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="default:cpu_int4", help="checkpoint dir or NAME[:cpu_int4]")
-    parser.add_argument("--llm-kwargs", default='{"max_model_len": 512}',
-                        help="JSON: LLM() keyword arguments besides model (the README's command by default)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--gen-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=None, help="artifact directory [results/<date>-decode-decompose-<model>]")
+    engine_probe.add_arguments(parser, rounds=5, out_default="results/<date>-decode-decompose-<model>")
     args = parser.parse_args(argv)
-    if args.rounds < 3:
-        parser.error(f"--rounds must be at least 3 (medians of 3 or more), got {args.rounds}")
-    if args.gen_tokens < 16:
-        parser.error(f"--gen-tokens must be at least 16, got {args.gen_tokens}")
-    try:
-        llm_kwargs = json.loads(args.llm_kwargs)
-    except json.JSONDecodeError as error:
-        parser.error(f"--llm-kwargs is not JSON: {error}")
-    if not isinstance(llm_kwargs, dict) or "model" in llm_kwargs:
-        parser.error("--llm-kwargs must be a JSON object without 'model' (use --model)")
-    from vllm_omni_edge.atomic import atomic_directory
-    from vllm_omni_edge_bench.harness.grid import resolve_model
-
-    model = resolve_model(args.model)
-    if not Path(model).is_dir():
-        parser.error(f"model {model} does not exist (build it with `vllm-omni-edge models pull ...`)")
-    out = args.out or default_out(args.model)
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"{out} is not empty; artifacts are never overwritten")
-    argv_record = sys.argv if argv is None else ["-m", "vllm_omni_edge_bench.harness.decode_decompose", *argv]
-    record: dict[str, Any] = {"provenance": provenance.collect(grid_text="", argv=argv_record)}
+    model, llm_kwargs, out = engine_probe.parse(parser, args, lambda: default_out(args.model))
+    record = engine_probe.record_start("vllm_omni_edge_bench.harness.decode_decompose", argv)
     try:
         record.update(run(model, llm_kwargs, args.rounds, args.gen_tokens))
     except DecomposeError as error:
         print(f"decode_decompose: {error}", file=sys.stderr)
         return 1
-    record["provenance"]["finished"] = provenance.now_iso()
-    with atomic_directory(out) as work:
-        (work / "decode_decompose.json").write_text(json.dumps(record, indent=2, default=str))
-        (work / "decode_decompose.md").write_text(render_markdown(record))
-    print((out / "decode_decompose.md").read_text())
-    print(out)
+    engine_probe.save(out, "decode_decompose", record, render_markdown)
     return 0
 
 

@@ -23,14 +23,13 @@ observation: quote it with its box and spread.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vllm_omni_edge_bench.harness import provenance
+from vllm_omni_edge_bench.harness import engine_probe
 from vllm_omni_edge_bench.harness.runner import RESULTS_ROOT
 from vllm_omni_edge_bench.harness.stats import spread
 
@@ -93,12 +92,9 @@ LEVERS: dict[str, Callable[[], Lever]] = {
 
 def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, gen_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
-    from vllm.v1.engine.core import EngineCore
 
     llm = LLM(model=model, **llm_kwargs)
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    if not isinstance(core, EngineCore):
-        raise StepABError("the engine does not run in this process (vLLM's multiprocess layout?)")
+    core = engine_probe.in_process_core(llm, StepABError, "the levers must switch in the process that runs the model")
     params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True, temperature=0)
     reference = list(llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
     levers = [LEVERS[name]() for name in names]
@@ -168,49 +164,20 @@ def default_out(model: str, names: list[str]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levers", required=True, help=f"comma-separated, of: {', '.join(LEVERS)}")
-    parser.add_argument("--model", default="default:cpu_int4", help="checkpoint dir or NAME[:cpu_int4]")
-    parser.add_argument("--llm-kwargs", default='{"max_model_len": 512}',
-                        help="JSON: LLM() keyword arguments besides model (the README's command by default)")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--gen-tokens", type=int, default=128)
-    parser.add_argument("--out", type=Path, default=None, help="artifact directory [results/<date>-step-ab-...]")
+    engine_probe.add_arguments(parser, rounds=8, out_default="results/<date>-step-ab-<levers>-<model>")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.levers.split(",") if n.strip()]
     unknown = [n for n in names if n not in LEVERS]
     if not names or unknown:
         parser.error(f"--levers: unknown {unknown or 'none given'}; known: {', '.join(LEVERS)}")
-    if args.rounds < 3:
-        parser.error(f"--rounds must be at least 3 (medians of 3 or more), got {args.rounds}")
-    if args.gen_tokens < 16:
-        parser.error(f"--gen-tokens must be at least 16, got {args.gen_tokens}")
-    try:
-        llm_kwargs = json.loads(args.llm_kwargs)
-    except json.JSONDecodeError as error:
-        parser.error(f"--llm-kwargs is not JSON: {error}")
-    if not isinstance(llm_kwargs, dict) or "model" in llm_kwargs:
-        parser.error("--llm-kwargs must be a JSON object without 'model' (use --model)")
-    from vllm_omni_edge.atomic import atomic_directory
-    from vllm_omni_edge_bench.harness.grid import resolve_model
-
-    model = resolve_model(args.model)
-    if not Path(model).is_dir():
-        parser.error(f"model {model} does not exist (build it with `vllm-omni-edge models pull ...`)")
-    out = args.out or default_out(args.model, names)
-    if out.exists() and any(out.iterdir()):
-        parser.error(f"{out} is not empty; artifacts are never overwritten")
-    argv_record = sys.argv if argv is None else ["-m", "vllm_omni_edge_bench.harness.step_ab", *argv]
-    record: dict[str, Any] = {"provenance": provenance.collect(grid_text="", argv=argv_record)}
+    model, llm_kwargs, out = engine_probe.parse(parser, args, lambda: default_out(args.model, names))
+    record = engine_probe.record_start("vllm_omni_edge_bench.harness.step_ab", argv)
     try:
         record.update(run(model, llm_kwargs, names, args.rounds, args.gen_tokens))
     except StepABError as error:
         print(f"step_ab: {error}", file=sys.stderr)
         return 1
-    record["provenance"]["finished"] = provenance.now_iso()
-    with atomic_directory(out) as work:
-        (work / "step_ab.json").write_text(json.dumps(record, indent=2, default=str))
-        (work / "step_ab.md").write_text(render_markdown(record))
-    print((out / "step_ab.md").read_text())
-    print(out)
+    engine_probe.save(out, "step_ab", record, render_markdown)
     return 0
 
 
