@@ -1,23 +1,23 @@
 """Call a compiled model's graph with its argument list kept, not gathered again every step.
 
 What: wraps ``torch._dynamo.aot_compile.AOTCompiledFunction.__call__`` (how vLLM calls a
-model it compiled ahead of time, its guards off). Dynamo's code for the model's
-``forward`` gathers the graph's arguments on every call: each layer's parameters, one
-attribute and dict lookup after another, and a new ``LayerName`` per attention layer,
-then calls the compiled graph with them (several hundred arguments for a 30-layer
-model). This patch watches the first calls of each argument pattern (which arguments
-are ``None``): it records the arguments the graph received and what ``forward``
-returned, and sorts every graph argument into one of three kinds: the same object on
-every call (a parameter), one of ``forward``'s own tensor arguments (``input_ids``,
-``positions``), or a size of one of them (the token count). Arguments equal by value
-on every call (the layer names) count as the first kind. Once a plan explains every
+model it compiled ahead of time, or loaded so compiled from its cache). Dynamo's code for
+the model's ``forward`` gathers the graph's arguments on every call: each layer's
+parameters, one attribute and dict lookup after another, and a new ``LayerName`` per
+attention layer, then calls the compiled graph with them (several hundred arguments for a
+30-layer model). This patch watches the first calls of each argument pattern (the types of
+``forward``'s arguments, ``None`` included): it records the arguments the graph received and
+what ``forward`` returned, and sorts every graph argument into one of three kinds: the same
+object on every call (a parameter), one of ``forward``'s own tensor arguments
+(``input_ids``, ``positions``), or a size of one of them (the token count). Arguments equal
+by value on every call (the layer names) count as the first kind. Once a plan explains every
 argument and the return value, and two more calls are checked against it, calls of that
-pattern go to the graph directly with the kept list, the per-call tensors put in.
-Anything the plan cannot explain (an argument that changes some other way, a return
-value that is not one of the graph's outputs, dynamo code that stores attributes or
-globals) leaves that function on dynamo's own path. Guards, where on (a start that
-compiled; vLLM turns them off for a function loaded from its cache), are still checked
-before each planned call, and a failing check goes to dynamo's path, which raises.
+pattern go to the graph directly with the kept list, the per-call tensors put in. Anything
+the plan cannot explain (an argument that changes some other way, a return value that is not
+one of the graph's outputs, dynamo code that stores attributes or globals) leaves that
+function on dynamo's own path. Guards, where on (a start that compiled; vLLM turns them off
+for a function loaded from its cache), are still checked before each planned call, and a
+failing check goes to dynamo's path, which raises.
 Why: on a small model the gathering is a measurable share of a decode step on CPU, where
 no CUDA graph replays the forward.
 Flag: ``VLLM_OMNI_EDGE_GRAPH_ARGS=0`` leaves every call to dynamo's code (the A/B arm).
