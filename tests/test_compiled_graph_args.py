@@ -167,6 +167,15 @@ def test_forget_plans_watches_again_after_weights_reload(compiled):
     assert runner.reloaded == 1 and memo.states == {}
 
 
+def test_wrapped_once():
+    owner = type("AOTCompiledFunction", (), {"__call__": lambda self: None})
+    module = SimpleNamespace(AOTCompiledFunction=owner)
+    patch._wrap(module)
+    first = owner.__call__
+    patch._wrap(module)
+    assert owner.__call__ is first and first.__wrapped__ is not first
+
+
 def test_code_with_side_effects_has_no_graph_to_call():
     def stores(self):
         self.x = 1
