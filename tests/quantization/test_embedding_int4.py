@@ -12,7 +12,7 @@ from tests.quantization.conftest import save_tiny_llama
 from tests.quantization.helpers import resident_dequantize
 from vllm_omni_edge.quantization import builder, evidence, int4
 from vllm_omni_edge.quantization.builder import build_cpu_int4_checkpoint
-from vllm_omni_edge.quantization.embedding import LAYOUT_ROWS16, LAYOUT_STORED, lookup
+from vllm_omni_edge.quantization.embedding import LAYOUT_ROWS8, LAYOUT_ROWS16, LAYOUT_STORED, lookup
 
 BF16 = torch.bfloat16
 IDS = torch.tensor([[0, 5, 17, 319], [16, 15, 31, 5]])  # tile edges, repeats, the last row
@@ -24,14 +24,19 @@ def triple(n=320, k=128, g=32, zero_point="float", seed=0):
 
 
 def rows16_op():
+    return interleave_op(LAYOUT_ROWS16)
+
+
+def interleave_op(layout):
     from vllm_omni_edge.quantization.kernels import native
 
     loaded, why = native.load_library()
     if not loaded:
-        pytest.skip(f"the C++ op (interleave_rows16) is unavailable: {why}")
+        pytest.skip(f"the C++ ops (interleave_{layout}) are unavailable: {why}")
+    from vllm_omni_edge.quantization.kernels.w4a8_avx2 import interleave_rows8
     from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16
 
-    return interleave_rows16
+    return {LAYOUT_ROWS8: interleave_rows8, LAYOUT_ROWS16: interleave_rows16}[layout]
 
 
 @pytest.mark.parametrize("zero_point", ["float", "int"])
@@ -44,14 +49,15 @@ def test_lookup_on_the_stored_layout_is_dequantize_of_the_rows(zero_point, dtype
     assert torch.equal(out, int4.dequantize(*t, dtype=dtype)[IDS])
 
 
+@pytest.mark.parametrize("layout", [LAYOUT_ROWS16, LAYOUT_ROWS8])
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
-def test_lookup_on_the_rows16_layout_is_dequantize_of_the_stored_rows(dtype):
+def test_lookup_on_an_interleaved_layout_is_dequantize_of_the_stored_rows(dtype, layout):
     t = triple()
-    packed = rows16_op()(*t)
+    packed = interleave_op(layout)(*t)
     assert not torch.equal(packed[0], t[0])  # really another layout
-    assert torch.equal(lookup(IDS, *packed, LAYOUT_ROWS16, dtype), int4.dequantize(*t, dtype=dtype)[IDS])
+    assert torch.equal(lookup(IDS, *packed, layout, dtype), int4.dequantize(*t, dtype=dtype)[IDS])
     every = torch.arange(320)
-    assert torch.equal(lookup(every, *packed, LAYOUT_ROWS16, BF16), int4.dequantize(*t, dtype=BF16))
+    assert torch.equal(lookup(every, *packed, layout, BF16), int4.dequantize(*t, dtype=BF16))
 
 
 def test_lookup_traces_with_dynamic_token_counts():
@@ -139,11 +145,16 @@ def _unique_bytes(*modules):
     return total
 
 
+@pytest.mark.parametrize("forced", [None, "avx2_w4a8_rows8"], ids=["routed", "rows8"])
 @pytest.mark.parametrize("order", ["embedding_first", "head_first"])
-def test_prequantized_tied_head_and_embedding_share_one_copy(vllm_single_process, order):
+def test_prequantized_tied_head_and_embedding_share_one_copy(vllm_single_process, order, forced, monkeypatch):
     from vllm_omni_edge.quantization.config import CpuInt4Config
     from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod, KERNEL_LAYOUTS
+    from vllm_omni_edge.quantization.kernels import KERNEL_ENV
 
+    if forced:
+        interleave_op(LAYOUT_ROWS8)  # skips where the C++ ops are not built
+        monkeypatch.setenv(KERNEL_ENV, forced)
     cfg = CpuInt4Config.from_config({"quant_method": "cpu_int4", "bits": 4, "group_size": 32,
                                      "format_version": 3, "zero_point": "float", "embedding": "int4"})
     embed, head = _embed_and_tied_head(cfg)
@@ -158,6 +169,7 @@ def test_prequantized_tied_head_and_embedding_share_one_copy(vllm_single_process
         layer.quant_method.process_weights_after_loading(layer)
 
     kernel = head.int4_kernel.name
+    assert kernel == (forced or kernel)
     exact = resident_dequantize(head, *t, dtype=BF16)  # the head's weights, which the lookup shares
     assert torch.equal(embed(IDS), exact[IDS])
     logits = head.quant_method.apply(head, torch.randn(2, 128).to(BF16))

@@ -26,6 +26,7 @@ from vllm_omni_edge.quantization import group_codes, int4
 from vllm_omni_edge.quantization.kernels import (
     KERNEL_ENV,
     Avx2W4A8Kernel,
+    Avx2W4A8Rows8Kernel,
     Avx512VnniRows16W4A8Kernel,
     CpuFeatures,
     KernelUnavailableError,
@@ -52,9 +53,13 @@ class Rows16StoredGroups(Avx512VnniRows16W4A8Kernel):
 # Every variant of the op, each where this CPU runs it.
 W4A8_KERNELS = [
     pytest.param(Avx2W4A8Kernel, id="avx2"),
+    pytest.param(Avx2W4A8Rows8Kernel, id="avx2-rows8"),
     pytest.param(Avx512VnniRows16W4A8Kernel, id="vnni-rows16", marks=needs_vnni),
     pytest.param(Rows16StoredGroups, id="vnni-rows16-bf16-groups", marks=needs_vnni),
 ]
+
+# Rows per tile of each interleaved layout (N must be a multiple).
+TILE_ROWS = {Avx2W4A8Rows8Kernel: 8, Avx512VnniRows16W4A8Kernel: 16, Rows16StoredGroups: 16}
 
 # Against the model of the op: fp32 accumulation order differs, nothing else
 # (worst seen 3e-7 in fp32 over these shapes).
@@ -99,9 +104,10 @@ def run(N, K, g, M, act_dtype=torch.float32, seed=0, kernel_cls=Avx2W4A8Kernel):
 @pytest.mark.parametrize("N,K,g", SHAPES)
 @pytest.mark.parametrize("M", [1, 3, 4, 9])
 def test_matches_model_of_op_and_exact_product(N, K, g, M, kernel_cls):
-    if issubclass(kernel_cls, Avx512VnniRows16W4A8Kernel) and N % 16:
+    tile = TILE_ROWS.get(kernel_cls, 1)
+    if N % tile:
         ok, why = kernel_cls.can_implement(CpuFeatures.detect(), g, K, N, torch.float32, float_zero=True)
-        assert not ok and f"multiple of 16, got N={N}" in why
+        assert not ok and f"multiple of {tile}, got N={N}" in why
         return
     out, x, layer, weight, (qweight, scales, zeros) = run(N, K, g, M, kernel_cls=kernel_cls)
     assert out.shape == (M, N) and out.dtype == torch.float32
@@ -184,49 +190,77 @@ def test_rows16_with_stored_groups_replaces_the_stored_layout_with_one_of_the_sa
     assert layer.scales.reshape(-1)[1 * 16 * 2 + 1 * 16 + 5] == scales[21, 1]
 
 
-def interleave_by_permute(qweight: torch.Tensor) -> torch.Tensor:
-    """The 16-row layout as the tensor permutation it is (the C++ op's reference)."""
+@needs_op
+def test_rows8_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
+    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Avx2W4A8Rows8Kernel)
+    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
+    for now, was, at in zip((layer.qweight, layer.scales, layer.zeros), (qweight, scales, zeros.bfloat16()),
+                            layer.loaded_at):
+        assert now.shape == was.shape and now.dtype == was.dtype
+        assert now.data_ptr() == at  # rearranged in place: no second weight-sized buffer
+        assert not torch.equal(now, was)
+    q = int4.unpack_nibbles(qweight)
+    packed = layer.qweight.reshape(-1)
+    # Tile 2 (rows 16-23), block 2 (k 64-95), chunk 3, row 5 of the tile, byte 2:
+    # low nibble is k = 64 + 8*3 + 2, high nibble k + 4.
+    byte = packed[2 * 8 * 64 + 2 * 128 + 3 * 32 + 4 * 5 + 2]
+    assert byte & 0x0F == q[21, 90] and byte >> 4 == q[21, 94]
+    # Scales: [tile][group][8 rows].
+    assert layer.scales.reshape(-1)[2 * 8 * 2 + 1 * 8 + 5] == scales[21, 1]
+
+
+def interleave_by_permute(qweight: torch.Tensor, rows: int = 16) -> torch.Tensor:
+    """The 16-row (or 8-row) layout as the tensor permutation it is (the C++ ops' reference)."""
     N, half_k = qweight.shape
     q = int4.unpack_nibbles(qweight)
     # k = 32 b + 8 c + 4 h + i  ->  [tile, j, b, c, h, i]  ->  [tile, b, c, j, i, h]
-    q = q.reshape(N // 16, 16, half_k // 16, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    q = q.reshape(N // rows, rows, half_k // 16, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
     return (q[..., 0] | (q[..., 1] << 4)).contiguous().reshape(N, half_k)
 
 
 @needs_op
+@pytest.mark.parametrize("rows", [16, 8])
 @pytest.mark.parametrize("N,K", [(16, 32), (32, 64), (48, 576), (64, 1536)])
-def test_interleave_is_the_permutation_of_the_16_row_layout(N, K):
+def test_interleave_is_the_permutation_of_the_tile_layout(N, K, rows):
+    from vllm_omni_edge.quantization.kernels.w4a8_avx2 import interleave_rows8
     from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16
 
+    interleave = {16: interleave_rows16, 8: interleave_rows8}[rows]
     qweight = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(N + K))
     scales = torch.zeros(N, K // 32, dtype=torch.bfloat16)
     kept = qweight.clone()
-    assert torch.equal(interleave_rows16(qweight, scales, scales)[0], interleave_by_permute(qweight))
+    assert torch.equal(interleave(qweight, scales, scales)[0], interleave_by_permute(qweight, rows))
     assert torch.equal(qweight, kept)  # new tensors: the inputs are left as they were
     # A non-contiguous input is read as its values.
     wide = torch.cat([qweight, qweight], dim=1)[:, : K // 2]
-    assert torch.equal(interleave_rows16(wide, scales, scales)[0], interleave_by_permute(qweight))
+    assert torch.equal(interleave(wide, scales, scales)[0], interleave_by_permute(qweight, rows))
+
+
+INTERLEAVE_OPS = [pytest.param("interleave_rows16_inplace", 16, id="rows16"),
+                  pytest.param("interleave_rows8_inplace", 8, id="rows8")]
 
 
 @needs_op
+@pytest.mark.parametrize("op_name,rows", INTERLEAVE_OPS)
 @pytest.mark.parametrize("N,K,g", [(16, 32, 32), (48, 576, 64), (64, 1536, 32)])
-def test_interleave_in_place_is_the_same_layout_in_the_same_memory(N, K, g):
+def test_interleave_in_place_is_the_same_layout_in_the_same_memory(N, K, g, op_name, rows):
     gen = torch.Generator().manual_seed(N + K)
     qweight = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, generator=gen)
     scales, offsets = (torch.randn(N, K // g, generator=gen).bfloat16() for _ in range(2))
-    expected_scales = scales.reshape(N // 16, 16, -1).transpose(1, 2).reshape(N, -1)
-    expected_offsets = offsets.reshape(N // 16, 16, -1).transpose(1, 2).reshape(N, -1)
-    expected = interleave_by_permute(qweight)
+    expected_scales = scales.reshape(N // rows, rows, -1).transpose(1, 2).reshape(N, -1)
+    expected_offsets = offsets.reshape(N // rows, rows, -1).transpose(1, 2).reshape(N, -1)
+    expected = interleave_by_permute(qweight, rows)
     at = [t.data_ptr() for t in (qweight, scales, offsets)]
-    torch.ops.edge_cpu_int4.interleave_rows16_inplace(qweight, scales, offsets)
+    getattr(torch.ops.edge_cpu_int4, op_name)(qweight, scales, offsets)
     assert [t.data_ptr() for t in (qweight, scales, offsets)] == at
     assert torch.equal(qweight, expected)
     assert torch.equal(scales, expected_scales) and torch.equal(offsets, expected_offsets)
 
 
 @needs_op
-def test_interleave_in_place_refuses_what_it_cannot_rearrange_by_name():
-    op = torch.ops.edge_cpu_int4.interleave_rows16_inplace
+@pytest.mark.parametrize("op_name,rows", INTERLEAVE_OPS)
+def test_interleave_in_place_refuses_what_it_cannot_rearrange_by_name(op_name, rows):
+    op = getattr(torch.ops.edge_cpu_int4, op_name)
     q, s = torch.zeros(32, 16, dtype=torch.uint8), torch.zeros(32, 1, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="qweight must be contiguous"):
         op(torch.zeros(32, 32, dtype=torch.uint8)[:, :16], s, s.clone())
@@ -239,11 +273,12 @@ def test_interleave_in_place_refuses_what_it_cannot_rearrange_by_name():
 
 
 @needs_op
-def test_interleave_op_refuses_bad_shapes_by_name():
-    op = torch.ops.edge_cpu_int4.interleave_rows16_inplace
-    s = torch.zeros(24, 1, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="N must be a multiple of 16, got N=24"):
-        op(torch.zeros(24, 16, dtype=torch.uint8), s, s.clone())
+@pytest.mark.parametrize("op_name,rows", INTERLEAVE_OPS)
+def test_interleave_op_refuses_bad_shapes_by_name(op_name, rows):
+    op = getattr(torch.ops.edge_cpu_int4, op_name)
+    s = torch.zeros(rows + 4, 1, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=f"N must be a multiple of {rows}, got N={rows + 4}"):
+        op(torch.zeros(rows + 4, 16, dtype=torch.uint8), s, s.clone())
     with pytest.raises(RuntimeError, match="K must be a multiple of 32, got K=48"):
         op(torch.zeros(16, 24, dtype=torch.uint8), s[:16], s[:16].clone())
     with pytest.raises(RuntimeError, match="must be uint8"):
@@ -272,6 +307,14 @@ def test_envelope_is_what_can_implement_says():
     no_avx2 = CpuFeatures(capability="DEFAULT", amx=False, vllm_w4a8_op=False)
     ok, why = Avx2W4A8Kernel.can_implement(no_avx2, 32, 64, 16, torch.bfloat16, float_zero=True)
     assert not ok and "needs AVX2" in why
+
+
+@needs_op
+def test_rows8_op_refuses_n_off_the_tile():
+    layer, _ = int4_layer(20, 64, 32, torch.float32)
+    with pytest.raises(RuntimeError, match="8-row layout needs N a multiple of 8, got N=20"):
+        Avx2W4A8Rows8Kernel.op()(torch.randn(1, 64), layer.qweight, layer.scales.bfloat16(),
+                                 layer.zeros.bfloat16(), 32)
 
 
 @needs_op

@@ -10,7 +10,7 @@ them to the activation dtype, exactly ``int4.dequantize(triple)[ids]``.
   shares the embedding's parameters while loading; its kernel then repacks them
   once, and the embedding is pointed at the head's repacked tensors, so one copy is
   resident. The lookup therefore reads the head kernel's layout: the stored one
-  (``avx2_w4a8``, ``avx512_w4a8``) or ``avx512_w4a8_rows16``'s 16-row interleave.
+  (``avx2_w4a8``), ``avx2_w4a8_rows8``'s 8-row or ``avx512_w4a8_rows16``'s 16-row interleave.
   A head kernel whose layout the lookup cannot read (tinygemm's, AMX's) leaves the
   embedding its own copy of the stored triple: two 4-bit copies, still a quarter
   of one bf16 matrix.
@@ -46,13 +46,16 @@ from vllm_omni_edge.quantization.kernels.base import set_weight
 logger = get_logger("cpu_int4")
 
 LAYOUT_STORED = "stored"
+LAYOUT_ROWS8 = "rows8"
 LAYOUT_ROWS16 = "rows16"
 # Head kernels whose weight layout the lookup reads, and which layout that is.
 KERNEL_LAYOUTS = {
     "avx2_w4a8": LAYOUT_STORED,
+    "avx2_w4a8_rows8": LAYOUT_ROWS8,
     "avx512_w4a8_rows16": LAYOUT_ROWS16,
 }
-TILE_ROWS = 16  # rows per tile of the rows16 layout (kernels/w4a8_avx512.py)
+# Rows per tile of the interleaved layouts (kernels/w4a8_avx2.py, kernels/w4a8_avx512.py).
+TILE_ROWS = {LAYOUT_ROWS8: 8, LAYOUT_ROWS16: 16}
 TRIPLE = ("qweight", "scales", "zeros")
 
 
@@ -63,25 +66,26 @@ def _gather_stored(ids, qweight, scales, zeros):
     return values.reshape(ids.shape[0], -1), scales.index_select(0, ids), zeros.index_select(0, ids)
 
 
-def _gather_rows16(ids, qweight, scales, zeros, factors=None):
-    """The same from ``interleave_rows16``'s layout.
+def _gather_tiles(ids, qweight, scales, zeros, rows, factors=None):
+    """The same from an interleaved layout of tiles of ``rows`` rows (``interleave_rows8``,
+    ``interleave_rows16``).
 
-    A tile of 16 rows is 16 * K/2 contiguous bytes: K/8 chunks of 16 rows x 4 bytes,
-    byte i of row j in chunk m holding k = 8m + i (low nibble) and 8m + 4 + i (high).
-    Scales and offsets are [tile][group][16 rows]: bf16 values, or (with ``factors``,
+    A tile is rows * K/2 contiguous bytes: K/8 chunks of rows x 4 bytes, byte i of row j
+    in chunk m holding k = 8m + i (low nibble) and 8m + 4 + i (high). Scales and offsets
+    are [tile][group][rows]: bf16 values, or (rows16 with ``factors``,
     [tile][superblock][D, M][16 rows]) 8-bit group codes, decoded here to fp32
     (``group_codes.decode``).
     """
     n, half = qweight.shape
     groups = scales.shape[1]
-    tile, row = ids // TILE_ROWS, ids % TILE_ROWS
-    q = qweight.view(n // TILE_ROWS, half // 4, TILE_ROWS, 4)[tile, :, row]  # [T, K/8, 4]
+    tile, row = ids // rows, ids % rows
+    q = qweight.view(n // rows, half // 4, rows, 4)[tile, :, row]  # [T, K/8, 4]
     values = torch.stack((q & 0x0F, q >> 4), dim=-2)  # [T, K/8, 2, 4]: k = 8m + 4 * nibble + i
-    s = scales.view(n // TILE_ROWS, groups, TILE_ROWS)[tile, :, row]
-    z = zeros.view(n // TILE_ROWS, groups, TILE_ROWS)[tile, :, row]
+    s = scales.view(n // rows, groups, rows)[tile, :, row]
+    z = zeros.view(n // rows, groups, rows)[tile, :, row]
     if factors is not None:
         supers = factors.shape[1] // 2
-        f = factors.view(n // TILE_ROWS, supers, 2, TILE_ROWS)[tile, :, :, row]  # [T, S, 2]
+        f = factors.view(n // rows, supers, 2, rows)[tile, :, :, row]  # [T, S, 2]
         s, z = group_codes.decode(s, z, f)
     return values.reshape(ids.shape[0], -1), s, z
 
@@ -96,8 +100,8 @@ def lookup(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros
     rows16 layout's ``factors``: ``group_codes.dequantize``'s rows).
     """
     flat = ids.reshape(-1)
-    if layout == LAYOUT_ROWS16:
-        values, s, z = _gather_rows16(flat, qweight, scales, zeros, factors)
+    if layout in TILE_ROWS:
+        values, s, z = _gather_tiles(flat, qweight, scales, zeros, TILE_ROWS[layout], factors)
     else:
         values, s, z = _gather_stored(flat, qweight, scales, zeros)
     float_zero = factors is not None or has_float_zero(z)

@@ -28,7 +28,7 @@ from vllm_omni_edge.routing.cpu_classes import routing_class
 TABLE_PATH = Path(__file__).with_name("measured_paths.json")
 DENSE = "dense"  # the second layout: F.linear on a dense copy
 # What the table may rank: the cpu_int4 kernels' names and the dense copy.
-PATHS = ("amx_w4a8", "int4pack", "avx2_w4a8", "avx512_w4a8_rows16", "dequant", DENSE)
+PATHS = ("amx_w4a8", "int4pack", "avx2_w4a8", "avx2_w4a8_rows8", "avx512_w4a8_rows16", "dequant", DENSE)
 PHASES = ("decode", "prefill")
 
 

@@ -8,13 +8,15 @@ static order below, the last resort being the slowest:
 2. ``int4pack``: tinygemm W4A16, any x86 CPU PyTorch supports (AVX2 here).
 3. ``avx2_w4a8``: our C++ op (int8 activations, float offsets), x86 with AVX2,
    once built on the machine; ranked only where a table measured it.
+   ``avx2_w4a8_rows8``: the same on an 8-row interleaved layout (made at load, replacing
+   the stored layout; N a multiple of 8).
    ``avx512_w4a8_rows16``: VNNI on a 16-row interleaved copy of the weights (made at load,
    replacing the stored layout); the router's first float-offset kernel on x86-amx. On AMX
    CPUs its calls of 32 rows or more (prefill) run a bf16 GEMM on blocks dequantized from
    that layout, inside the same op (``VLLM_OMNI_EDGE_INT4_PREFILL``).
 4. ``dequant``: pure PyTorch, any shape, slow.
 
-``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|avx512_w4a8_rows16|dequant`` forces one kernel; a
+``VLLM_OMNI_EDGE_INT4_KERNEL=int4pack|amx_w4a8|avx2_w4a8|avx2_w4a8_rows8|avx512_w4a8_rows16|dequant`` forces one kernel; a
 layer the forced kernel cannot run is an error, not a silent fallback.
 """
 
@@ -24,7 +26,7 @@ import torch
 
 from vllm_omni_edge import envs
 from vllm_omni_edge.quantization.kernels.w4a8_amx import AmxW4A8Kernel
-from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Kernel, Avx2W4A8Rows8Kernel
 from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
 from vllm_omni_edge.quantization.kernels.base import CpuFeatures, Int4Kernel
 from vllm_omni_edge.routing.weight_path import route_summary, routed_order
@@ -33,13 +35,15 @@ from vllm_omni_edge.quantization.kernels.int4pack import Int4PackCpuKernel
 
 KERNEL_ENV = "VLLM_OMNI_EDGE_INT4_KERNEL"
 PREFERENCE: tuple[type[Int4Kernel], ...] = (
-    AmxW4A8Kernel, Int4PackCpuKernel, Avx2W4A8Kernel, Avx512VnniRows16W4A8Kernel, DequantFallbackKernel,
+    AmxW4A8Kernel, Int4PackCpuKernel, Avx2W4A8Kernel, Avx2W4A8Rows8Kernel, Avx512VnniRows16W4A8Kernel,
+    DequantFallbackKernel,
 )
 KERNELS: dict[str, type[Int4Kernel]] = {k.name: k for k in PREFERENCE}
 
 __all__ = [
     "AmxW4A8Kernel",
     "Avx2W4A8Kernel",
+    "Avx2W4A8Rows8Kernel",
     "Avx512VnniRows16W4A8Kernel",
     "CpuFeatures",
     "DequantFallbackKernel",

@@ -26,7 +26,7 @@ from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.cache_paths import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
-# One library, the op namespace edge_cpu_int4: the AVX2 W4A8 op, and the AVX-512 VNNI ops
+# One library, the op namespace edge_cpu_int4: the AVX2 W4A8 ops, and the AVX-512 VNNI ops
 # (16-row layout, bf16 prefill, fused MLP) whose functions carry their own target attribute.
 SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp")
 HEADERS = (CSRC / "w4a8_common.h",)
@@ -115,7 +115,7 @@ def _register_fake() -> None:
     def output_shape(x, qweight, scales, offsets, group_size, factors=None, high_bits=None):
         return x.new_empty((x.shape[0], qweight.shape[0]))
 
-    for op in ("w4a8_mm", "w4a8_vnni_rows16_mm"):
+    for op in ("w4a8_mm", "w4a8_avx2_rows8_mm", "w4a8_vnni_rows16_mm"):
         torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(output_shape)
 
     def mlp_output_shape(x, gate_up_qweight, gate_up_scales, gate_up_offsets, gate_up_group_size,

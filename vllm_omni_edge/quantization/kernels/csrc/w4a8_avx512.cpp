@@ -538,7 +538,7 @@ at::Tensor rows16_dequantize(const at::Tensor& qweight, const at::Tensor& scales
                              int64_t group_size, bool portable, const c10::optional<at::Tensor>& factors,
                              const c10::optional<at::Tensor>& high_bits) {
   const int64_t N = qweight.size(0), K = qweight.size(1) * 2;
-  check_qweight("rows16_dequantize", qweight, K, group_size, true);
+  check_qweight("rows16_dequantize", qweight, K, group_size, kTileRows);
   const at::Tensor w = qweight.contiguous();
   const uint8_t* wh = high_bits_of("rows16_dequantize", high_bits, N, K);
   at::Tensor kn = at::empty({K, N}, qweight.options().dtype(at::kBFloat16));
@@ -559,7 +559,7 @@ at::Tensor w4a8_vnni_rows16_mm(const at::Tensor& x, const at::Tensor& qweight, c
   TORCH_CHECK(supported, "w4a8_vnni_rows16_mm: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_mm: x must be 2-D [M, K], got ", x.sizes());
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  check_qweight("w4a8_vnni_rows16_mm", qweight, K, group_size, true);
+  check_qweight("w4a8_vnni_rows16_mm", qweight, K, group_size, kTileRows);
   const at::Tensor xc = x.contiguous();
   const at::Tensor w = qweight.contiguous();
   at::Tensor out = at::empty({M, N}, x.options());
@@ -597,10 +597,10 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   TORCH_CHECK(supported, "w4a8_vnni_rows16_silu_mlp: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
   TORCH_CHECK(x.dim() == 2, "w4a8_vnni_rows16_silu_mlp: x must be 2-D [M, H], got ", x.sizes());
   const int64_t M = x.size(0), H = x.size(1);
-  check_qweight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, H, gate_up_group_size, true);
+  check_qweight("w4a8_vnni_rows16_silu_mlp (gate_up)", gate_up_qweight, H, gate_up_group_size, kTileRows);
   TORCH_CHECK(gate_up_qweight.size(0) % 2 == 0, "w4a8_vnni_rows16_silu_mlp: gate_up has an odd row count");
   const int64_t I = gate_up_qweight.size(0) / 2;
-  check_qweight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, I, down_group_size, true);
+  check_qweight("w4a8_vnni_rows16_silu_mlp (down)", down_qweight, I, down_group_size, kTileRows);
   const int64_t N = down_qweight.size(0);
   const at::Tensor xc = x.contiguous();
   const at::Tensor gw = gate_up_qweight.contiguous(), dw = down_qweight.contiguous();
@@ -643,85 +643,10 @@ at::Tensor w4a8_vnni_rows16_silu_mlp(const at::Tensor& x, const at::Tensor& gate
   return out;
 }
 
-// The stored qweight [N, K/2] in the 16-row layout tile_rows16 reads, same shape and bytes:
-// per tile of 16 rows and block b of 32 k, 4 chunks c of 64 bytes; byte 4j + i of chunk c
-// holds row j's k = 32b + 8c + i (low nibble) and k = 32b + 8c + 4 + i (high nibble).
-// So stored word w = 4b + c of row j (k = 32b + 8c .. + 7, nibbles in k order) becomes word
-// j of chunk c of block b with its nibbles perfect-shuffled: [k0 k4 k1 k5 k2 k6 k3 k7].
-// Done once per linear at load, in C++: as torch ops (unpack, a 6-D permute, repack) it was
-// a sizeable part of a start (docs/edge/cpu-4bit.md).
-inline uint32_t shuffle_nibbles(uint32_t x) {
-  uint32_t t = (x ^ (x >> 8)) & 0x0000FF00u;  // [a0 a1 a2 a3 b0 b1 b2 b3] -> [a0 a1 b0 b1 a2 a3 b2 b3]
-  x ^= t ^ (t << 8);
-  t = (x ^ (x >> 4)) & 0x00F000F0u;  // -> [a0 b0 a1 b1 a2 b2 a3 b3]
-  return x ^ t ^ (t << 4);
-}
-
-// Rearranges the tiles of a contiguous qweight [N, K/2] in place, each through a per-thread scratch
-// copy of its 16 rows (a tile's bytes are the same range in both layouts): no second weight-sized
-// buffer, whose first touch (page faults) cost about as much as the rearrangement, and the
-// scattered writes stay within one tile in L2.
-void interleave_tiles_inplace(uint8_t* data, int64_t N, int64_t half_k) {
-  const int64_t words = half_k / 4;  // per row; 4 per block of 32 k
-  const int64_t tile_bytes = kTileRows * half_k;
-  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> scratch(tile_bytes);
-    for (int64_t t = begin; t < end; ++t) {
-      uint8_t* tile = data + t * tile_bytes;
-      std::memcpy(scratch.data(), tile, tile_bytes);
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        const uint8_t* row = scratch.data() + j * half_k;
-        for (int64_t w = 0; w < words; ++w) {
-          uint32_t word;
-          std::memcpy(&word, row + 4 * w, 4);
-          word = shuffle_nibbles(word);
-          std::memcpy(tile + (w / 4) * kTileRows * (kBlock / 2) + (w % 4) * 64 + 4 * j, &word, 4);
-        }
-      }
-    }
-  });
-}
-
-// Per tile of 16 rows, a contiguous bf16 [N, groups] becomes [groups][16 rows], in place.
-void tile_transpose_inplace(uint16_t* data, int64_t N, int64_t groups) {
-  const int64_t tile = kTileRows * groups;
-  at::parallel_for(0, N / kTileRows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<uint16_t> scratch(tile);
-    for (int64_t t = begin; t < end; ++t) {
-      uint16_t* d = data + t * tile;
-      std::memcpy(scratch.data(), d, tile * sizeof(uint16_t));
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        for (int64_t g = 0; g < groups; ++g) d[g * kTileRows + j] = scratch[j * groups + g];
-      }
-    }
-  });
-}
-
-void check_interleave_shape(const char* op, const at::Tensor& qweight) {
-  TORCH_CHECK(qweight.dim() == 2 && qweight.scalar_type() == at::kByte,
-              op, ": qweight must be uint8 [N, K/2], got ", qweight.scalar_type(), " ", qweight.sizes());
-  const int64_t N = qweight.size(0), half_k = qweight.size(1);
-  TORCH_CHECK(N % kTileRows == 0, op, ": N must be a multiple of ", kTileRows, ", got N=", N);
-  TORCH_CHECK(half_k % (kBlock / 2) == 0, op, ": K must be a multiple of ", kBlock, ", got K=", 2 * half_k);
-}
-
 // The stored triple rearranged into the 16-row layout in place (the kernel class at load: the
 // tensors it replaces are not kept). Scales and offsets: bf16 [N, groups] -> [tile][group][16 rows].
 void interleave_rows16_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tensor& offsets) {
-  check_interleave_shape("interleave_rows16_inplace", qweight);
-  const int64_t N = qweight.size(0);
-  TORCH_CHECK(qweight.is_contiguous(), "interleave_rows16_inplace: qweight must be contiguous");
-  for (const auto* t : {&scales, &offsets}) {
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->dim() == 2 && t->size(0) == N && t->is_contiguous(),
-                "interleave_rows16_inplace: scales and offsets must be contiguous bf16 [", N, ", groups], got ",
-                t->scalar_type(), " ", t->sizes());
-  }
-  TORCH_CHECK(scales.data_ptr() != offsets.data_ptr(), "interleave_rows16_inplace: scales and offsets must be "
-              "distinct tensors");
-  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, qweight.size(1));
-  for (auto* t : {&scales, &offsets}) {
-    tile_transpose_inplace(reinterpret_cast<uint16_t*>(t->data_ptr<at::BFloat16>()), N, t->size(1));
-  }
+  interleave_triple_inplace("interleave_rows16_inplace", qweight, scales, offsets, kTileRows);
 }
 
 // A 6-bit layer's stored top-bits plane (uint8 [N, K/4], four 2-bit fields per byte in k order,
@@ -881,7 +806,7 @@ std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at
                                                    const at::Tensor& offsets) {
   static const bool supported = cpu_has_vnni();
   TORCH_CHECK(supported, "rows16_group_codes_inplace: this CPU has no AVX-512 VNNI (avx512f/bw/vl/dq/vnni)");
-  check_interleave_shape("rows16_group_codes_inplace", qweight);
+  check_interleave_shape("rows16_group_codes_inplace", qweight, kTileRows);
   TORCH_CHECK(qweight.is_contiguous(), "rows16_group_codes_inplace: qweight must be contiguous");
   const int64_t N = qweight.size(0), half_k = qweight.size(1);
   for (const auto* t : {&scales, &offsets}) {
@@ -915,7 +840,7 @@ std::vector<at::Tensor> rows16_group_codes_inplace(at::Tensor& qweight, const at
     }
   });
   TORCH_CHECK(!bad, "rows16_group_codes_inplace: group codes need finite scales >= 0 and finite offsets");
-  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, half_k);
+  interleave_tiles_inplace(qweight.data_ptr<uint8_t>(), N, half_k, kTileRows);
   return {scale_codes, offset_codes, factors};
 }
 
