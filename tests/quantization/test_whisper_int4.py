@@ -364,7 +364,7 @@ def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_wh
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     from tests.quantization.test_vllm_layers import kernel_tolerance
-    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+    from vllm_omni_edge.quantization.embedding import KERNEL_LAYOUTS, CpuInt4EmbeddingMethod
     from vllm_omni_edge.quantization.linear import CpuInt4LinearMethod
 
     out, _ = tiny_whisper_int4
@@ -377,7 +377,8 @@ def test_vllm_whisper_reads_one_4bit_vocab_matrix_for_lookups_and_logits(tiny_wh
     counts = evidence.kernel_counts()
     assert counts[f"embedding:gather_{layout}"] == 1, counts
     assert counts[f"lm_head:{head.int4_kernel.name}"] == 1 and counts["fallback"] == 0, counts
-    if layout in ("stored", "rows16") and head.int4_kernel.name in ("avx2_w4a8", "avx512_w4a8_rows16"):
+    if head.int4_kernel.name in KERNEL_LAYOUTS:
+        assert layout == KERNEL_LAYOUTS[head.int4_kernel.name]
         for name, _ in head.named_parameters():
             assert getattr(embed, name).untyped_storage().data_ptr() == getattr(head, name).untyped_storage().data_ptr()
     vocab = model.config.vocab_size

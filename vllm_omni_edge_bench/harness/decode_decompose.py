@@ -57,6 +57,7 @@ LINEAR_OPS: dict[tuple[str, str], Callable[..., tuple[int, int]]] = {
     ("edge_cpu_int4", "w4a8_vnni_rows16_mm"): _rows_by(1),
     ("edge_cpu_int4", "w4a8_vnni_rows16_silu_mlp"): _rows_by(5),
     ("edge_cpu_int4", "w4a8_mm"): _rows_by(1),
+    ("edge_cpu_int4", "w4a8_avx2_rows8_mm"): _rows_by(1),
 }
 ARMS = ("real", "attention-stubbed", "linears-stubbed", "both-stubbed")
 PROMPT = "Write a story about a cat."

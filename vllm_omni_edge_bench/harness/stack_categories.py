@@ -88,7 +88,7 @@ _FORWARD = (r"(_model_forward|compute_logits) \([^()]*v1/worker/|\(vllm/model_ex
             r"|\(vllm_omni_edge/quantization/")
 _LINEAR = (r"\(vllm_omni_edge/quantization/(linear|kernels/)|\(vllm/model_executor/layers/(linear|utils)\.py"
            r"|\(vllm/model_executor/layers/quantization/|_weight_int4pack_mm|int4_scaled_mm|cpu_gemm_wna16"
-           r"|edge_cpu_int4|w4a8_(mm|vnni_mm|vnni_rows16_mm|matmul)|tile_rows16|dot_(row|cols)"
+           r"|edge_cpu_int4|w4a8_(mm|vnni_mm|vnni_rows16_mm|avx2_rows8_mm|matmul)|tile_rows(8|16)|dot_(row|cols)"
            r"|at::native::linear|at::native::addmm|at::_ops::(linear|addmm|mm)|dnnl|onednn|mkldnn")
 _ATTENTION = (r"\(vllm/model_executor/layers/attention/|\(vllm/v1/attention/backends/cpu_attn\.py"
               r"|unified_attention|cpu_attention|paged_attention|reshape_and_cache|cpu_attn")
