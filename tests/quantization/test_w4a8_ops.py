@@ -171,9 +171,11 @@ def test_rows16_keeps_8bit_group_codes_by_default_and_rearranges_the_weights_in_
 
 
 @needs_op
-@needs_vnni
-def test_rows16_with_stored_groups_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
-    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Rows16StoredGroups)
+@pytest.mark.parametrize("kernel_cls,rows", [pytest.param(Rows16StoredGroups, 16, id="rows16-bf16-groups",
+                                                          marks=needs_vnni),
+                                             pytest.param(Avx2W4A8Rows8Kernel, 8, id="rows8")])
+def test_a_tile_layout_replaces_the_stored_one_with_the_same_bytes_in_their_memory(kernel_cls, rows):
+    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=kernel_cls)
     assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
     for now, was, at in zip((layer.qweight, layer.scales, layer.zeros), (qweight, scales, zeros.bfloat16()),
                             layer.loaded_at):
@@ -182,31 +184,14 @@ def test_rows16_with_stored_groups_replaces_the_stored_layout_with_one_of_the_sa
         assert not torch.equal(now, was)
     q = int4.unpack_nibbles(qweight)
     packed = layer.qweight.reshape(-1)
-    # Tile 1 (rows 16-31), block 2 (k 64-95), chunk 3, row 5 of the tile, byte 2:
+    # Row 21 is row 21 % rows of tile 21 // rows; block 2 (k 64-95) of a tile starts 2 * rows * 16 bytes
+    # in; chunk 3 of it 3 * 4 * rows bytes further, row j's 4 bytes at 4 j; byte 2 of them:
     # low nibble is k = 64 + 8*3 + 2, high nibble k + 4.
-    byte = packed[1 * 16 * 64 + 2 * 256 + 3 * 64 + 4 * 5 + 2]
+    tile, j = divmod(21, rows)
+    byte = packed[tile * rows * 64 + 2 * rows * 16 + 3 * 4 * rows + 4 * j + 2]
     assert byte & 0x0F == q[21, 90] and byte >> 4 == q[21, 94]
-    # Scales: [tile][group][16 rows].
-    assert layer.scales.reshape(-1)[1 * 16 * 2 + 1 * 16 + 5] == scales[21, 1]
-
-
-@needs_op
-def test_rows8_replaces_the_stored_layout_with_one_of_the_same_bytes_in_their_memory():
-    _, _, layer, _, (qweight, scales, zeros) = run(32, 128, 64, 1, kernel_cls=Avx2W4A8Rows8Kernel)
-    assert sorted(n for n, _ in layer.named_parameters()) == ["qweight", "scales", "zeros"]
-    for now, was, at in zip((layer.qweight, layer.scales, layer.zeros), (qweight, scales, zeros.bfloat16()),
-                            layer.loaded_at):
-        assert now.shape == was.shape and now.dtype == was.dtype
-        assert now.data_ptr() == at  # rearranged in place: no second weight-sized buffer
-        assert not torch.equal(now, was)
-    q = int4.unpack_nibbles(qweight)
-    packed = layer.qweight.reshape(-1)
-    # Tile 2 (rows 16-23), block 2 (k 64-95), chunk 3, row 5 of the tile, byte 2:
-    # low nibble is k = 64 + 8*3 + 2, high nibble k + 4.
-    byte = packed[2 * 8 * 64 + 2 * 128 + 3 * 32 + 4 * 5 + 2]
-    assert byte & 0x0F == q[21, 90] and byte >> 4 == q[21, 94]
-    # Scales: [tile][group][8 rows].
-    assert layer.scales.reshape(-1)[2 * 8 * 2 + 1 * 8 + 5] == scales[21, 1]
+    # Scales: [tile][group][rows].
+    assert layer.scales.reshape(-1)[tile * rows * 2 + 1 * rows + j] == scales[21, 1]
 
 
 def interleave_by_permute(qweight: torch.Tensor, rows: int = 16) -> torch.Tensor:
@@ -296,6 +281,9 @@ def test_op_rejects_bad_shapes_by_name(kernel_cls):
         op(torch.randn(1, 128), layer.qweight, layer.scales, layer.zeros, 32)
     with pytest.raises(RuntimeError, match="must be bf16"):
         op(torch.randn(1, 64), layer.qweight, layer.scales.float(), layer.zeros, 32)
+    if kernel_cls in (Avx2W4A8Kernel, Avx2W4A8Rows8Kernel):
+        with pytest.raises(RuntimeError, match="x must be floating point, got Long"):
+            op(torch.ones(1, 64, dtype=torch.int64), layer.qweight, layer.scales, layer.zeros, 32)
 
 
 def test_envelope_is_what_can_implement_says():

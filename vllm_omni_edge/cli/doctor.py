@@ -97,7 +97,7 @@ def kernel_checks() -> list[Check]:
     ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 576, 960, torch.bfloat16,
                                                        float_zero=True)
     vnni = "runs here (where the router ranks it)" if ok else f"not here: {why}"
-    return [Check("avx2_w4a8", True, f"built ({path})"), Check("avx512_w4a8_rows16", True, vnni)]
+    return [Check("avx2_w4a8, avx2_w4a8_rows8", True, f"built ({path})"), Check("avx512_w4a8_rows16", True, vnni)]
 
 
 # A typical layer for the route check: SmolLM2's fused q/k/v (K=576, N=960), group 32.

@@ -82,3 +82,14 @@ def dense_prefill(layer: torch.nn.Module, x2: torch.Tensor) -> torch.Tensor | No
     if dense is None or x2.shape[0] < DENSE_MIN_ROWS:
         return None
     return F.linear(x2, dense)
+
+
+def interleaved_copy(interleave_inplace, qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
+    """New contiguous copies of the stored triple (bf16 scales and offsets), rearranged by
+    ``interleave_inplace`` (one of the C++ ``interleave_rows*_inplace`` ops); the inputs are left as
+    they were."""
+    packed = qweight.clone(memory_format=torch.contiguous_format)
+    scales = scales.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
+    offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
+    interleave_inplace(packed, scales, offsets)
+    return packed, scales, offsets

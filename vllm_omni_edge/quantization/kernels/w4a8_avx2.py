@@ -28,6 +28,7 @@ from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
     as_2d,
     dense_prefill,
+    interleaved_copy,
     keep_dense_copy_if_asked,
     set_weight,
 )
@@ -82,11 +83,7 @@ def interleave_rows8(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch
     row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble) (the C++ op
     ``interleave_rows8_inplace``). Scales and offsets become [tile][group][8 rows].
     """
-    packed = qweight.clone(memory_format=torch.contiguous_format)
-    scales = scales.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
-    offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
-    torch.ops.edge_cpu_int4.interleave_rows8_inplace(packed, scales, offsets)
-    return packed, scales, offsets
+    return interleaved_copy(torch.ops.edge_cpu_int4.interleave_rows8_inplace, qweight, scales, offsets)
 
 
 class Avx2W4A8Rows8Kernel(Avx2W4A8Kernel):

@@ -23,6 +23,7 @@ from vllm_omni_edge.quantization.kernels.base import (
     as_2d,
     dense_prefill,
     high_bits,
+    interleaved_copy,
     keep_dense_copy_if_asked,
     set_weight,
 )
@@ -41,11 +42,7 @@ def interleave_rows16(qweight: torch.Tensor, scales: torch.Tensor, offsets: torc
     holds row j's k = 8c + i (low nibble) and k = 8c + 4 + i (high nibble) (the C++ op
     ``interleave_rows16_inplace``). Scales and offsets become [tile][group][16 rows].
     """
-    packed = qweight.clone(memory_format=torch.contiguous_format)
-    scales = scales.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
-    offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
-    torch.ops.edge_cpu_int4.interleave_rows16_inplace(packed, scales, offsets)
-    return packed, scales, offsets
+    return interleaved_copy(torch.ops.edge_cpu_int4.interleave_rows16_inplace, qweight, scales, offsets)
 
 
 def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):

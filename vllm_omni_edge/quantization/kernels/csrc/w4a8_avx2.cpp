@@ -141,48 +141,67 @@ void dot_row(const uint8_t* w, const uint16_t* scale, const uint16_t* offset, in
   for (int r = 0; r < R; ++r) out[r * N] = static_cast<T>(horizontal_sum(acc[r]) + offset_term[r]);
 }
 
-at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
-                   const at::Tensor& offsets, int64_t group_size) {
-  TORCH_CHECK(x.dim() == 2, "w4a8_mm: x must be 2-D [M, K], got ", x.sizes());
+// One call's shapes: x [M, K] times a weight of N rows in groups of group_size.
+struct Shape {
+  int64_t M, K, N, group_size, groups;
+};
+
+// The frame both ops share: the checks, contiguous inputs, the output [M, N], the M activation
+// rows quantized by quantize(x_row, K, group_size, q, block_scale, group_sum) into one buffer, then
+// tiles(shape, a, weights, scales, offsets, out) for the activation dtype. tile_rows: the weight
+// layout's (0 for the stored one).
+template <typename Quantize, typename Tiles>
+at::Tensor w4a8_frame(const char* name, const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                      const at::Tensor& offsets, int64_t group_size, int64_t tile_rows, Quantize&& quantize,
+                      Tiles&& tiles) {
+  TORCH_CHECK(x.dim() == 2, name, ": x must be 2-D [M, K], got ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), name, ": x must be floating point, got ", x.scalar_type());
   const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  check_weight("w4a8_mm", qweight, scales, offsets, K, group_size, 0);
-  const int64_t groups = K / group_size;
+  check_weight(name, qweight, scales, offsets, K, group_size, tile_rows);
+  const Shape shape{M, K, N, group_size, K / group_size};
+  const int64_t groups = shape.groups;
   const at::Tensor xc = x.contiguous();
   const at::Tensor w = qweight.contiguous();
   const at::Tensor s = scales.contiguous();
   const at::Tensor o = offsets.contiguous();
-
   at::Tensor out = at::empty({M, N}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = bf16_bits(s);
-  const uint16_t* op = bf16_bits(o);
   const ActivationBuffer buffer(M, K, group_size, x.options());
-  const QuantizedActivations a = buffer.activations();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_mm", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_frame", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
-        quantize_row(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
-                     buffer.group_sum + m * groups);
+        quantize(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
+                 buffer.group_sum + m * groups);
       }
     });
-    scalar_t* outp = out.data_ptr<scalar_t>();
-    // Weight rows in chunks that stay in L2 while every activation tile passes over them.
-    at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t n0 = begin; n0 < end; n0 += kWeightChunk) {
-        const int64_t n1 = std::min(end, n0 + kWeightChunk);
-        for (int64_t m = 0; m < M; m += kRowTile) {
-          for (int64_t n = n0; n < n1; ++n) {
-            with_row_count(std::min(kRowTile, M - m), [&](auto r) {
-              dot_row<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
-                                          a, m, outp + m * N + n, N);
-            });
-          }
-        }
-      }
-    });
+    tiles(shape, buffer.activations(), w.data_ptr<uint8_t>(), bf16_bits(s), bf16_bits(o), out.data_ptr<scalar_t>());
   });
   return out;
+}
+
+at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                   const at::Tensor& offsets, int64_t group_size) {
+  return w4a8_frame(
+      "w4a8_mm", x, qweight, scales, offsets, group_size, 0,
+      [](const auto* row, auto... rest) { quantize_row(row, rest...); },
+      [](const Shape& shape, const QuantizedActivations& a, const uint8_t* wp, const uint16_t* sp,
+         const uint16_t* op, auto* outp) {
+        const int64_t M = shape.M, K = shape.K, N = shape.N, group_size = shape.group_size, groups = shape.groups;
+        // Weight rows in chunks that stay in L2 while every activation tile passes over them.
+        at::parallel_for(0, N, kWeightChunk, [&](int64_t begin, int64_t end) {
+          for (int64_t n0 = begin; n0 < end; n0 += kWeightChunk) {
+            const int64_t n1 = std::min(end, n0 + kWeightChunk);
+            for (int64_t m = 0; m < M; m += kRowTile) {
+              for (int64_t n = n0; n < n1; ++n) {
+                with_row_count(std::min(kRowTile, M - m), [&](auto r) {
+                  dot_row<decltype(r)::value>(wp + n * (K / 2), sp + n * groups, op + n * groups, K, group_size,
+                                              a, m, outp + m * N + n, N);
+                });
+              }
+            }
+          }
+        });
+      });
 }
 
 // ---- The 8-row interleaved layout ----
@@ -301,45 +320,27 @@ void tile_rows8(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
 
 at::Tensor w4a8_avx2_rows8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const at::Tensor& offsets, int64_t group_size) {
-  TORCH_CHECK(x.dim() == 2, "w4a8_avx2_rows8_mm: x must be 2-D [M, K], got ", x.sizes());
-  const int64_t M = x.size(0), K = x.size(1), N = qweight.size(0);
-  check_weight("w4a8_avx2_rows8_mm", qweight, scales, offsets, K, group_size, kTileRows8);
-  const int64_t groups = K / group_size;
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor w = qweight.contiguous();
-  const at::Tensor s = scales.contiguous();
-  const at::Tensor o = offsets.contiguous();
-  at::Tensor out = at::empty({M, N}, x.options());
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const uint16_t* sp = bf16_bits(s);
-  const uint16_t* op = bf16_bits(o);
-  const ActivationBuffer buffer(M, K, group_size, x.options());
-  const QuantizedActivations a = buffer.activations();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), "w4a8_avx2_rows8_mm", [&] {
-    const scalar_t* xp = xc.data_ptr<scalar_t>();
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) {
-        quantize_row_k_order(xp + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
-                             buffer.group_sum + m * groups);
-      }
-    });
-    scalar_t* outp = out.data_ptr<scalar_t>();
-    // A tile's 8 x K/2 weight bytes are contiguous and stay in L1/L2 while every activation row
-    // passes over them, kRowTile at a time.
-    at::parallel_for(0, N / kTileRows8, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const uint8_t* tw = wp + t * kTileRows8 * (K / 2);
-        const uint16_t* ts = sp + t * kTileRows8 * groups;
-        const uint16_t* to = op + t * kTileRows8 * groups;
-        for (int64_t m = 0; m < M; m += kRowTile) {
-          with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-            tile_rows8<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, outp + m * N + t * kTileRows8, N);
-          });
-        }
-      }
-    });
-  });
-  return out;
+  return w4a8_frame(
+      "w4a8_avx2_rows8_mm", x, qweight, scales, offsets, group_size, kTileRows8,
+      [](const auto* row, auto... rest) { quantize_row_k_order(row, rest...); },
+      [](const Shape& shape, const QuantizedActivations& a, const uint8_t* wp, const uint16_t* sp,
+         const uint16_t* op, auto* outp) {
+        const int64_t M = shape.M, K = shape.K, N = shape.N, group_size = shape.group_size, groups = shape.groups;
+        // A tile's 8 x K/2 weight bytes are contiguous and stay in L1/L2 while every activation row
+        // passes over them, kRowTile at a time.
+        at::parallel_for(0, N / kTileRows8, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const uint8_t* tw = wp + t * kTileRows8 * (K / 2);
+            const uint16_t* ts = sp + t * kTileRows8 * groups;
+            const uint16_t* to = op + t * kTileRows8 * groups;
+            for (int64_t m = 0; m < M; m += kRowTile) {
+              with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+                tile_rows8<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, outp + m * N + t * kTileRows8, N);
+              });
+            }
+          }
+        });
+      });
 }
 
 // The stored triple rearranged into the 8-row layout in place (the kernel class at load: the
