@@ -298,20 +298,15 @@ def test_envelope_is_what_can_implement_says():
 
 
 @needs_op
-def test_rows8_op_refuses_n_off_the_tile():
-    layer, _ = int4_layer(20, 64, 32, torch.float32)
-    with pytest.raises(RuntimeError, match="8-row layout needs N a multiple of 8, got N=20"):
-        Avx2W4A8Rows8Kernel.op()(torch.randn(1, 64), layer.qweight, layer.scales.bfloat16(),
-                                 layer.zeros.bfloat16(), 32)
-
-
-@needs_op
-@needs_vnni
-def test_rows16_op_refuses_n_off_the_tile():
-    layer, _ = int4_layer(24, 64, 32, torch.float32)
-    with pytest.raises(RuntimeError, match="needs N a multiple of 16, got N=24"):
-        Avx512VnniRows16W4A8Kernel.op()(torch.randn(1, 64), layer.qweight, layer.scales.bfloat16(),
-                                        layer.zeros.bfloat16(), 32)
+@pytest.mark.parametrize("kernel,n,message", [
+    pytest.param(Avx2W4A8Rows8Kernel, 20, "8-row layout needs N a multiple of 8, got N=20", id="rows8"),
+    pytest.param(Avx512VnniRows16W4A8Kernel, 24, "needs N a multiple of 16, got N=24", id="rows16",
+                 marks=needs_vnni),
+])
+def test_tile_op_refuses_n_off_the_tile(kernel, n, message):
+    layer, _ = int4_layer(n, 64, 32, torch.float32)
+    with pytest.raises(RuntimeError, match=message):
+        kernel.op()(torch.randn(1, 64), layer.qweight, layer.scales.bfloat16(), layer.zeros.bfloat16(), 32)
 
 
 def test_vnni_variant_names_the_flags_a_cpu_lacks(monkeypatch):

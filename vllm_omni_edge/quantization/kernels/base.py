@@ -93,3 +93,15 @@ def interleaved_copy(interleave_inplace, qweight: torch.Tensor, scales: torch.Te
     offsets = offsets.to(torch.bfloat16, copy=True, memory_format=torch.contiguous_format)
     interleave_inplace(packed, scales, offsets)
     return packed, scales, offsets
+
+
+def interleave_layer_inplace(interleave_inplace, layer: torch.nn.Module, qweight: torch.Tensor) -> None:
+    """The layer's triple rearranged by ``interleave_inplace`` in its own memory (``qweight``: the
+    layer's contiguous codes; scales and offsets made contiguous bf16), then set as its weights.
+    Nothing may read the stored layout afterwards."""
+    scales = layer.scales.data.to(torch.bfloat16).contiguous()
+    offsets = layer.zeros.data.to(torch.bfloat16).contiguous()
+    interleave_inplace(qweight, scales, offsets)
+    set_weight(layer, "qweight", qweight)
+    set_weight(layer, "scales", scales)
+    set_weight(layer, "zeros", offsets)

@@ -28,6 +28,7 @@ from vllm_omni_edge.quantization.kernels.base import (
     Int4Kernel,
     as_2d,
     dense_prefill,
+    interleave_layer_inplace,
     interleaved_copy,
     keep_dense_copy_if_asked,
     set_weight,
@@ -109,13 +110,8 @@ class Avx2W4A8Rows8Kernel(Avx2W4A8Kernel):
         keep_dense_copy_if_asked(layer)
         # In place: the stored-layout tensors are not read again (a tied embedding is pointed at
         # these bytes, embedding.share_with_embedding; the dense copy was made above).
-        qweight = layer.qweight.data.contiguous()
-        scales = layer.scales.data.to(torch.bfloat16).contiguous()
-        offsets = layer.zeros.data.to(torch.bfloat16).contiguous()
-        torch.ops.edge_cpu_int4.interleave_rows8_inplace(qweight, scales, offsets)
-        set_weight(layer, "qweight", qweight)
-        set_weight(layer, "scales", scales)
-        set_weight(layer, "zeros", offsets)
+        interleave_layer_inplace(torch.ops.edge_cpu_int4.interleave_rows8_inplace, layer,
+                                 layer.qweight.data.contiguous())
 
     @staticmethod
     def op():

@@ -23,6 +23,7 @@ from vllm_omni_edge.quantization.kernels.base import (
     as_2d,
     dense_prefill,
     high_bits,
+    interleave_layer_inplace,
     interleaved_copy,
     keep_dense_copy_if_asked,
     set_weight,
@@ -53,15 +54,6 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
     codes = torch.ops.edge_cpu_int4.rows16_group_codes_inplace(packed, scales.to(torch.bfloat16),
                                                                  offsets.to(torch.bfloat16))
     return (packed, *codes)
-
-
-def interleave_rows16_inplace(qweight: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor):
-    """``interleave_rows16`` in the given tensors' own memory (contiguous, bf16 scales and offsets).
-
-    For tensors nothing else reads in the stored layout afterwards: at load, the layer's.
-    """
-    torch.ops.edge_cpu_int4.interleave_rows16_inplace(qweight, scales, offsets)
-    return qweight, scales, offsets
 
 
 # Prefill on the rows16 ops (csrc ``rows16_bf16_mm``): from this many activation rows per call,
@@ -149,13 +141,11 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
             scales, offsets, factors = torch.ops.edge_cpu_int4.rows16_group_codes_inplace(
                 qweight, layer.scales.data.to(torch.bfloat16), layer.zeros.data.to(torch.bfloat16))
             set_weight(layer, "group_factors", factors)
+            set_weight(layer, "qweight", qweight)
+            set_weight(layer, "scales", scales)
+            set_weight(layer, "zeros", offsets)
         else:
-            _, scales, offsets = interleave_rows16_inplace(
-                qweight, layer.scales.data.to(torch.bfloat16).contiguous(),
-                layer.zeros.data.to(torch.bfloat16).contiguous())
-        set_weight(layer, "qweight", qweight)
-        set_weight(layer, "scales", scales)
-        set_weight(layer, "zeros", offsets)
+            interleave_layer_inplace(torch.ops.edge_cpu_int4.interleave_rows16_inplace, layer, qweight)
 
     @staticmethod
     def op():
