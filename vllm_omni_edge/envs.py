@@ -266,6 +266,10 @@ FLAGS: tuple[Flag, ...] = (
            "call, one custom op (1); or vLLM's separate update (0); only with "
            "VLLM_OMNI_EDGE_ATTENTION_CALLS=1",
            LEVER, ("patches/worker/cpu_attention_calls.py",)),
+    Switch("VLLM_OMNI_EDGE_DECODE_ATTENTION", "a batch of one-token queries writes its keys and "
+           "values and attends in one call of our decode attention op (1); or vLLM's CPU attention "
+           "op (0); only with VLLM_OMNI_EDGE_ATTENTION_CALLS=1", LEVER,
+           ("patches/worker/cpu_attention_calls.py", "quantization/kernels/csrc/decode_attention.cpp")),
     Switch("VLLM_OMNI_EDGE_EAGER_SAMPLER", "random sampling (temperature > 0) drawn eagerly (1); "
            "or vLLM's inductor-compiled draw (0)", LEVER, ("patches/worker/cpu_random_sample.py",)),
     # Start-up.

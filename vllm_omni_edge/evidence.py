@@ -243,6 +243,8 @@ def collect_worker_evidence(worker) -> dict:
         "attention_calls_trimmed": _attention_calls_trimmed(),
         # KV write inside the attention call: one custom op per layer, not two.
         "attention_one_call": _attention_one_call(),
+        # One-token batches attend through our decode op, not vLLM's attention op.
+        "decode_attention": _decode_attention(),
         # Compiled forwards' argument patterns called with a kept list (patches/worker/compiled_graph_args.py).
         "compiled_graph_args": _compiled_graph_args(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
@@ -288,6 +290,12 @@ def _attention_one_call() -> bool:
     from vllm_omni_edge.patches.worker.cpu_attention_calls import one_call_in_force
 
     return one_call_in_force()
+
+
+def _decode_attention() -> bool:
+    from vllm_omni_edge.patches.worker.cpu_attention_calls import decode_in_force
+
+    return decode_in_force()
 
 
 def _compiled_graph_args() -> dict[str, int]:

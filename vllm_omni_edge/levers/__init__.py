@@ -38,6 +38,7 @@ GRAPH_ARGS_ENV = "VLLM_OMNI_EDGE_GRAPH_ARGS"
 SLOT_MAPPING_CALL_ENV = "VLLM_OMNI_EDGE_SLOT_MAPPING_CALL"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
+DECODE_ATTENTION_ENV = "VLLM_OMNI_EDGE_DECODE_ATTENTION"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
@@ -115,6 +116,11 @@ def attention_calls_enabled() -> bool:
 def attention_one_call_enabled() -> bool:
     """The KV write moves into the attention call; only with the trimmed calls (ATTENTION_CALLS=1)."""
     return attention_calls_enabled() and envs.get(ATTENTION_ONE_CALL_ENV)
+
+
+def decode_attention_enabled() -> bool:
+    """Batches of one-token queries attend through our decode op; only with the trimmed calls."""
+    return attention_calls_enabled() and envs.get(DECODE_ATTENTION_ENV)
 
 
 def fused_mlp_enabled() -> bool:

@@ -14,6 +14,12 @@ op per layer (``unified_attention_with_output``), not two, and ``forward`` write
 keys and values (``attn_metadata.slot_mapping``, unpadded then) before attending: the same
 write, one Python custom op dispatch less per layer and step. Layers sharing another's KV
 cache and steps without keys write nothing, as vLLM's separate update did.
+Decode (``VLLM_OMNI_EDGE_DECODE_ATTENTION``, default on): when every query of the batch is one
+token and the layer is plain causal self-attention on vLLM's ``vec``/``vec16`` cache layout
+(no ALiBi, soft cap, sinks or fp8 KV; head size a multiple of 16), one call of our
+``edge_cpu::decode_attention`` (``quantization/kernels/csrc/decode_attention.cpp``) writes the
+keys and values and attends: vLLM's tiled op carries a fixed cost per call that a one-token
+query does not need, and its KV write is a second call. Prefill and mixed batches keep vLLM's op.
 Why: vLLM's compiled model calls these two Python custom ops once per layer per step (the
 graph cannot hold them). py-spy, SmolLM2-135M one process: the two paths took 15.7 % of a step, their
 native kernels ~4 %. Micro-benchmark on this box (busy): view + chunk 9.8 us, the
@@ -23,11 +29,13 @@ wrapper, an experiment since removed):
 SmolLM2 decode 1.25x (1.19-1.37) with the trimmed calls, far more than these per-call
 costs add up to; the grid measures it, the profile does not explain all of it.
 Flags: ``VLLM_OMNI_EDGE_ATTENTION_CALLS=0`` keeps vLLM's code (the A/B arm);
-``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=0`` keeps the separate KV update op.
+``VLLM_OMNI_EDGE_ATTENTION_ONE_CALL=0`` keeps the separate KV update op;
+``VLLM_OMNI_EDGE_DECODE_ATTENTION=0`` keeps vLLM's attention op for decode batches.
 Verified by: tests/test_cpu_attention_calls.py (same cache writes and outputs as vLLM's
 code on random paged batches, views reused and renewed with a new KV tensor, fallbacks,
 idempotent; one call: same cache and output as vLLM's two calls, padded and not, and the
-backend's flag set); decode A/B grids, named in the RECORD's ``verified_by``.
+backend's flag set; decode: the op against vLLM's ops over dtypes, GQA shapes, windows and
+paged batches, and which batches take it); decode A/B grids, named in the RECORD's ``verified_by``.
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
 without the keyword wrappers (or the attention moves into the compiled graph).
 """
@@ -86,7 +94,33 @@ def _make_kv_update(encoder_types):
     return make
 
 
-def _make_forward(encoder_types, writes_kv: bool):
+# Layouts our decode op reads: vLLM's CPU cache with the key half dim-major (checked in the tests).
+DECODE_ISAS = ("vec", "vec16")
+# On the layer: whether our decode op can serve it (constant for a layer once its ISA is set).
+_DECODE_ATTR = "_edge_decode_attention"
+
+
+def decode_op():
+    """Our decode attention op, or None when the kernel library is not built or not loadable here."""
+    import torch
+
+    from vllm_omni_edge.quantization.kernels import native
+
+    loaded, _ = native.load_library()
+    return torch.ops.edge_cpu.decode_attention.default if loaded else None
+
+
+def _serves(impl, layer, query) -> bool:
+    ok = getattr(layer, _DECODE_ATTR, None)
+    if ok is None:
+        ok = (getattr(layer, "isa", None) in DECODE_ISAS and impl.kv_cache_dtype == "auto"
+              and impl.alibi_slopes is None and not impl.logits_soft_cap and impl.sinks is None
+              and impl.head_size % 16 == 0 and query.dim() == 3)
+        setattr(layer, _DECODE_ATTR, ok)
+    return ok
+
+
+def _make_forward(encoder_types, writes_kv: bool, decode=None):
     import torch
 
     attention = torch.ops._C.cpu_attention_with_kv_cache.default
@@ -100,8 +134,18 @@ def _make_forward(encoder_types, writes_kv: bool):
                 return original(self, layer, query, key, value, kv_cache, attn_metadata, output,
                                 output_scale, output_block_scale)
             tokens = attn_metadata.num_actual_tokens
+            writes = (writes_kv and key is not None and value is not None
+                      and self.kv_sharing_target_layer_name is None)
+            if (decode is not None and attn_metadata.max_query_len == 1 and attn_metadata.causal is True
+                    and attn_metadata.dynamic_causal is None and tokens == attn_metadata.seq_lens.shape[0]
+                    and _serves(self, layer, query)):
+                # One token a request: write and attend in one call of our op.
+                decode(query, key, value, kv_cache, output, attn_metadata.slot_mapping,
+                       attn_metadata.block_table, attn_metadata.seq_lens, self.scale, self.sliding_window,
+                       writes)
+                return output
             key_cache, value_cache = kv_cache_views(layer, kv_cache)
-            if writes_kv and key is not None and value is not None and self.kv_sharing_target_layer_name is None:
+            if writes:
                 # What vLLM's separate unified_kv_cache_update did; the slot mapping is unpadded here.
                 slots = attn_metadata.slot_mapping
                 rows = slots.shape[0]
@@ -141,22 +185,34 @@ def one_call_in_force() -> bool:
     return in_force() and module is not None and module.CPUAttentionBackend.forward_includes_kv_cache_update
 
 
-def _wrap(module, writes_kv: bool = False) -> None:
+def decode_in_force() -> bool:
+    """Whether one-token batches in this process attend through our decode op."""
+    import sys
+
+    module = sys.modules.get(TARGET_MODULE)
+    return in_force() and getattr(module.CPUAttentionBackendImpl.forward, "__edge_decode__", False)
+
+
+def _wrap(module, writes_kv: bool = False, decode=None) -> None:
     encoder_types = (module.AttentionType.ENCODER_ONLY, module.AttentionType.ENCODER)
     impl = module.CPUAttentionBackendImpl
     wrap_method_once(impl, "do_kv_cache_update", _make_kv_update(encoder_types))
-    if wrap_method_once(impl, "forward", _make_forward(encoder_types, writes_kv)) and writes_kv:
-        # Read by vLLM's Attention.forward when dynamo traces it: no unified_kv_cache_update
-        # op in the graph; and by the model runner: slot mappings unpadded.
-        module.CPUAttentionBackend.forward_includes_kv_cache_update = True
+    if wrap_method_once(impl, "forward", _make_forward(encoder_types, writes_kv, decode)):
+        impl.forward.__edge_decode__ = decode is not None
+        if writes_kv:
+            # Read by vLLM's Attention.forward when dynamo traces it: no unified_kv_cache_update
+            # op in the graph; and by the model runner: slot mappings unpadded.
+            module.CPUAttentionBackend.forward_includes_kv_cache_update = True
 
 
 def apply() -> str:
-    from vllm_omni_edge.levers import attention_calls_enabled, attention_one_call_enabled
+    from vllm_omni_edge.levers import attention_calls_enabled, attention_one_call_enabled, decode_attention_enabled
 
     if not attention_calls_enabled():
         return "vLLM's CPU attention calls kept (flag)"
     writes_kv = attention_one_call_enabled()
-    now = when_imported(TARGET_MODULE, lambda module: _wrap(module, writes_kv))
+    decode = decode_op() if decode_attention_enabled() else None
+    now = when_imported(TARGET_MODULE, lambda module: _wrap(module, writes_kv, decode))
     return ("CPU attention calls trimmed" + (", KV written in the attention call" if writes_kv else "")
+            + (", decode through edge_cpu::decode_attention" if decode is not None else "")
             + ("" if now else " (on import)"))

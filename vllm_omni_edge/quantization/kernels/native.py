@@ -26,14 +26,15 @@ from vllm_omni_edge.atomic import atomic_write_bytes
 from vllm_omni_edge.cache_paths import cache_root
 
 CSRC = Path(__file__).parent / "csrc"
-# One library, the op namespace edge_cpu_int4: the AVX2 W4A8 ops, and the AVX-512 VNNI ops
+# One library. The op namespace edge_cpu_int4: the AVX2 W4A8 ops, and the AVX-512 VNNI ops
 # (16-row layout, bf16 prefill, fused MLP) whose functions carry their own target attribute.
-SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp")
+# The namespace edge_cpu: decode attention over vLLM's CPU KV cache (AVX2, F16C).
+SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp")
 HEADERS = (CSRC / "w4a8_common.h",)
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
 # torch's own libgomp (same soname, already loaded), so thread counts are shared.
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 OP_NAMESPACE = "edge_cpu_int4"
 
 

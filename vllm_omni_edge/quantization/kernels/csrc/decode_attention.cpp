@@ -1,0 +1,317 @@
+// Decode attention over vLLM's CPU paged KV cache: every query is one new token.
+//
+// vLLM's CPU attention op (cpu_attention_with_kv_cache) serves prefill and decode with one
+// tiled kernel and a scheduler; for a batch of single-token queries its fixed cost per call
+// dwarfs the arithmetic, and the KV write is a second op with its own parallel region. This
+// op does both for such a batch: it writes each token's key and value into its cache slot,
+// then attends over the request's blocks, one work item per (request, KV head), the query
+// heads of a GQA group sharing the item.
+//
+// Cache layout (vLLM's "vec" and "vec16" ISAs, checked against vLLM's own write in the tests):
+// kv_cache [blocks, kv_heads, block_size, 2 * head] holds per (block, kv head) the key half as
+// [head][block_size] (dim-major, so a dim's scores over 8 positions are one vector) followed by
+// the value half as [block_size][head].
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 16 values as two vectors. bfloat16 widens with two unpacks of one load (cheaper than two
+// zero-extends and shifts) at the price of order: the vectors hold elements 0-3, 8-11 and
+// 4-7, 12-15; in_order() restores it on sums kept in the same order.
+struct Pair {
+  __m256 a, b;
+};
+inline Pair load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline Pair load16(const c10::Half* p) { return {load8(p), load8(p + 8)}; }
+inline Pair load16(const c10::BFloat16* p) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i zero = _mm256_setzero_si256();
+  return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, x)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, x))};
+}
+template <typename T>
+inline void in_order(__m256& a, __m256& b) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m256 first = _mm256_permute2f128_ps(a, b, 0x20), second = _mm256_permute2f128_ps(a, b, 0x31);
+    a = first;
+    b = second;
+  }
+}
+
+// exp for x <= 0 (softmax after the max is subtracted): 2^n * p(r), Cephes' polynomial.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+inline float horizontal_max(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+struct Shape {
+  int64_t heads, kv_heads, head, block_size, max_blocks;
+  int64_t q_row, q_head, k_row, k_head, v_row, v_head, out_row;
+  float scale;
+  int64_t window;
+  bool write_kv;
+};
+
+// The token's key and value into its slot of kv head h.
+template <typename T>
+void write_kv_slot(const Shape& s, int64_t r, int64_t h, const T* key, const T* value, T* cache, const int64_t* slots) {
+  const int64_t slot = slots[r];
+  if (slot < 0) return;  // a padded token
+  const int64_t D = s.head, BS = s.block_size, half = BS * D;
+  T* base = cache + ((slot / BS) * s.kv_heads + h) * 2 * half;
+  const int64_t off = slot % BS;
+  const T* k = key + r * s.k_row + h * s.k_head;
+  const T* v = value + r * s.v_row + h * s.v_head;
+  for (int64_t d = 0; d < D; ++d) base[d * BS + off] = k[d];
+  std::copy(v, v + D, base + half + off * D);
+}
+
+// NG query heads of kv head h's group (heads first_head .. first_head + NG) attend together:
+// each key and value vector is loaded and widened once for all of them.
+template <int NG, typename T>
+void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, const T* query, const T* cache,
+                  T* out, const int32_t* block_table, const int32_t* seq_lens, std::vector<float>& buffer) {
+  const int64_t D = s.head, BS = s.block_size, half = BS * D;
+  const int64_t L = seq_lens[r];
+  const int64_t start = s.window > 0 ? std::max<int64_t>(0, L - s.window) : 0;
+  const int32_t* blocks = block_table + r * s.max_blocks;
+  const int64_t first_block = start / BS, last_block = (L - 1) / BS;
+  // Scores of each head over whole blocks from the first block's start; [from, to) are attended.
+  const int64_t span = (last_block - first_block + 1) * BS;
+  const int64_t from = start - first_block * BS, to = L - first_block * BS;
+  buffer.resize(static_cast<size_t>(NG * (span + D)));
+  float* scores = buffer.data();
+  float* qf = scores + NG * span;  // NG x D, scaled
+  for (int g = 0; g < NG; ++g) {
+    const T* q = query + r * s.q_row + (first_head + g) * s.q_head;
+    for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(q[d]) * s.scale;
+  }
+  for (int64_t b = first_block; b <= last_block; ++b) {
+    const T* keys = cache + (static_cast<int64_t>(blocks[b]) * s.kv_heads + h) * 2 * half;
+    const int64_t base = (b - first_block) * BS;
+    const int64_t lo = std::max<int64_t>(from - base, 0) & ~int64_t{7};
+    const int64_t hi = std::min<int64_t>(to - base, BS);
+    int64_t j = lo;
+    // Two 8-position chunks a pass where the block has them: 2 * NG independent sums hide the
+    // multiply-add latency. block_size is a multiple of 8, so a chunk never leaves its block.
+    for (; j < hi && j + 16 <= BS; j += 16) {
+      __m256 acc[NG][2];
+      for (int g = 0; g < NG; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const Pair k = load16(keys + d * BS + j);
+        for (int g = 0; g < NG; ++g) {
+          const __m256 q = _mm256_broadcast_ss(qf + g * D + d);
+          acc[g][0] = _mm256_fmadd_ps(q, k.a, acc[g][0]);
+          acc[g][1] = _mm256_fmadd_ps(q, k.b, acc[g][1]);
+        }
+      }
+      for (int g = 0; g < NG; ++g) {
+        in_order<T>(acc[g][0], acc[g][1]);
+        _mm256_storeu_ps(scores + g * span + base + j, acc[g][0]);
+        _mm256_storeu_ps(scores + g * span + base + j + 8, acc[g][1]);
+      }
+    }
+    for (; j < hi; j += 8) {
+      __m256 acc[NG];
+      for (int g = 0; g < NG; ++g) acc[g] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; ++d) {
+        const __m256 k = load8(keys + d * BS + j);
+        for (int g = 0; g < NG; ++g) acc[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(qf + g * D + d), k, acc[g]);
+      }
+      for (int g = 0; g < NG; ++g) _mm256_storeu_ps(scores + g * span + base + j, acc[g]);
+    }
+  }
+  float inv[NG];
+  for (int g = 0; g < NG; ++g) {  // softmax over [from, to), probabilities left unnormalized
+    float* sc = scores + g * span;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = from; j < to; ++j) m = std::max(m, sc[j]);
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 vsum = _mm256_setzero_ps();
+    int64_t j = from;
+    for (; j + 8 <= to; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm));
+      _mm256_storeu_ps(sc + j, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    float sum = horizontal_sum(vsum);
+    for (; j < to; ++j) {
+      sc[j] = std::exp(sc[j] - m);
+      sum += sc[j];
+    }
+    inv[g] = 1.f / sum;
+  }
+  // Each head's output: its probability-weighted value rows, 16 dims a pass (head % 16 == 0).
+  for (int64_t dc = 0; dc < D; dc += 16) {
+    __m256 a0[NG], a1[NG];
+    for (int g = 0; g < NG; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+    for (int64_t b = first_block; b <= last_block; ++b) {
+      const T* values = cache + (static_cast<int64_t>(blocks[b]) * s.kv_heads + h) * 2 * half + half + dc;
+      const int64_t base = (b - first_block) * BS;
+      const int64_t lo = std::max<int64_t>(from - base, 0), hi = std::min<int64_t>(to - base, BS);
+      const float* p = scores + base;
+      for (int64_t t = lo; t < hi; ++t) {
+        const Pair v = load16(values + t * D);
+        for (int g = 0; g < NG; ++g) {
+          const __m256 pg = _mm256_broadcast_ss(p + g * span + t);
+          a0[g] = _mm256_fmadd_ps(pg, v.a, a0[g]);
+          a1[g] = _mm256_fmadd_ps(pg, v.b, a1[g]);
+        }
+      }
+    }
+    for (int g = 0; g < NG; ++g) {
+      in_order<T>(a0[g], a1[g]);
+      const __m256 scale = _mm256_set1_ps(inv[g]);
+      alignas(32) float o[16];
+      _mm256_store_ps(o, _mm256_mul_ps(a0[g], scale));
+      _mm256_store_ps(o + 8, _mm256_mul_ps(a1[g], scale));
+      T* dst = out + r * s.out_row + (first_head + g) * D + dc;
+      for (int i = 0; i < 16; ++i) dst[i] = static_cast<T>(o[i]);
+    }
+  }
+}
+
+// A work item: request r, kv head h, its query heads [h * group + first, + count), count <= 4.
+template <typename T>
+void attend(const Shape& s, int64_t r, int64_t h, int64_t first, int64_t count, const T* query, const T* cache,
+            T* out, const int32_t* block_table, const int32_t* seq_lens, std::vector<float>& buffer) {
+  const int64_t head = h * (s.heads / s.kv_heads) + first;
+  switch (count) {
+    case 1: attend_heads<1>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
+    case 2: attend_heads<2>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
+    case 3: attend_heads<3>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
+    default: attend_heads<4>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
+  }
+}
+
+constexpr int64_t kMaxHeadsAPass = 4;
+
+// Work below this many multiply-adds runs on the calling thread: a parallel region costs more.
+constexpr int64_t kSerialMacs = 1 << 17;
+
+void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                      at::Tensor& kv_cache, at::Tensor& output, const at::Tensor& slot_mapping,
+                      const at::Tensor& block_table, const at::Tensor& seq_lens, double scale,
+                      int64_t sliding_window, bool write_kv) {
+  TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "decode_attention: query must be [tokens, heads, head] with unit stride in head");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.is_contiguous(), "decode_attention: kv_cache must be a contiguous [blocks, kv_heads, block_size, 2 * head]");
+  const int64_t requests = seq_lens.size(0);
+  const int64_t heads = query.size(1), D = query.size(2);
+  const int64_t kv_heads = kv_cache.size(1), BS = kv_cache.size(2);
+  TORCH_CHECK(kv_cache.size(3) == 2 * D, "decode_attention: kv_cache's last dim must be 2 * head");
+  TORCH_CHECK(D % 16 == 0 && BS % 8 == 0, "decode_attention: head size must be a multiple of 16, block size of 8");
+  TORCH_CHECK(heads % kv_heads == 0, "decode_attention: query heads must be a multiple of kv heads");
+  TORCH_CHECK(query.size(0) >= requests && output.numel() >= requests * heads * D && output.is_contiguous(),
+              "decode_attention: one query token and one contiguous output row per request");
+  TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && output.scalar_type() == kv_cache.scalar_type(),
+              "decode_attention: query, output and kv_cache must share a dtype");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && block_table.scalar_type() == at::kInt && block_table.is_contiguous(),
+              "decode_attention: seq_lens and block_table must be int32 (block_table contiguous)");
+  if (write_kv) {
+    TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.size(0) >= requests,
+                "decode_attention: slot_mapping must be int64 with a slot per request");
+    TORCH_CHECK(key.dim() == 3 && value.dim() == 3 && key.stride(2) == 1 && value.stride(2) == 1 &&
+                    key.size(1) == kv_heads && value.size(1) == kv_heads && key.size(0) >= requests &&
+                    value.size(0) >= requests && key.scalar_type() == kv_cache.scalar_type() &&
+                    value.scalar_type() == kv_cache.scalar_type(),
+                "decode_attention: key and value must be [tokens, kv_heads, head] in the cache's dtype");
+  }
+  Shape s{heads, kv_heads, D, BS, block_table.size(1),
+          query.stride(0), query.stride(1),
+          write_kv ? key.stride(0) : 0, write_kv ? key.stride(1) : 0,
+          write_kv ? value.stride(0) : 0, write_kv ? value.stride(1) : 0,
+          heads * D, static_cast<float>(scale), sliding_window, write_kv};
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  int64_t macs = 0;
+  for (int64_t r = 0; r < requests; ++r) macs += 2 * static_cast<int64_t>(lens[r]) * heads * D;
+  auto dispatch = [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const auto* q = query.data_ptr<scalar_t>();
+    const auto* k = write_kv ? key.data_ptr<scalar_t>() : nullptr;
+    const auto* v = write_kv ? value.data_ptr<scalar_t>() : nullptr;
+    auto* cache = kv_cache.data_ptr<scalar_t>();
+    auto* out = output.data_ptr<scalar_t>();
+    const int64_t* slots = write_kv ? slot_mapping.data_ptr<int64_t>() : nullptr;
+    const int32_t* table = block_table.data_ptr<int32_t>();
+    if (write_kv)
+      for (int64_t r = 0; r < requests; ++r)
+        for (int64_t h = 0; h < kv_heads; ++h) write_kv_slot<scalar_t>(s, r, h, k, v, cache, slots);
+    // Items: (request, kv head, pass of up to four query heads), the group's heads split evenly.
+    const int64_t group = heads / kv_heads;
+    const int64_t passes = (group + kMaxHeadsAPass - 1) / kMaxHeadsAPass;
+    const int64_t items = requests * kv_heads * passes;
+    auto run = [&](int64_t begin, int64_t end) {
+      std::vector<float> buffer;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t pass = i % passes, rh = i / passes;
+        const int64_t first = pass * group / passes, last = (pass + 1) * group / passes;
+        attend<scalar_t>(s, rh / kv_heads, rh % kv_heads, first, last - first, q, cache, out, table, lens, buffer);
+      }
+    };
+    if (macs < kSerialMacs) {
+      run(0, items);
+    } else {
+      at::parallel_for(0, items, 1, run);
+    }
+  };
+  switch (kv_cache.scalar_type()) {
+    case at::kFloat: dispatch(float{}); break;
+    case at::kBFloat16: dispatch(c10::BFloat16{}); break;
+    case at::kHalf: dispatch(c10::Half{}); break;
+    default: TORCH_CHECK(false, "decode_attention: kv_cache dtype ", kv_cache.scalar_type(), " is not float32, bfloat16 or float16");
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(edge_cpu, m) {
+  m.def("decode_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor(b!) output, "
+        "Tensor slot_mapping, Tensor block_table, Tensor seq_lens, float scale, int sliding_window, "
+        "bool write_kv) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(edge_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
