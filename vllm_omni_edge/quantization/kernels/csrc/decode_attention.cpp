@@ -282,7 +282,10 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
         for (int64_t h = 0; h < kv_heads; ++h) write_kv_slot<scalar_t>(s, r, h, k, v, cache, slots);
     // Items: (request, kv head, pass of up to four query heads), the group's heads split evenly.
     const int64_t group = heads / kv_heads;
-    const int64_t passes = (group + kMaxHeadsAPass - 1) / kMaxHeadsAPass;
+    int64_t passes = (group + kMaxHeadsAPass - 1) / kMaxHeadsAPass;
+    const bool parallel = macs >= kSerialMacs;
+    // Fewer items than two a thread leaves a thread idle for a whole item: then one query head an item.
+    if (parallel && requests * kv_heads * passes < 2 * at::get_num_threads()) passes = group;
     const int64_t items = requests * kv_heads * passes;
     auto run = [&](int64_t begin, int64_t end) {
       std::vector<float> buffer;
@@ -292,7 +295,7 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
         attend<scalar_t>(s, rh / kv_heads, rh % kv_heads, first, last - first, q, cache, out, table, lens, buffer);
       }
     };
-    if (macs < kSerialMacs) {
+    if (!parallel) {
       run(0, items);
     } else {
       at::parallel_for(0, items, 1, run);
