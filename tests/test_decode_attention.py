@@ -231,3 +231,21 @@ def test_the_flag_keeps_vllms_decode(monkeypatch):
     assert "decode through edge_cpu::decode_attention" in patch.apply()
     monkeypatch.setenv("VLLM_OMNI_EDGE_ATTENTION_CALLS", "0")  # the decode op needs the trimmed calls
     assert not decode_attention_enabled()
+
+
+def test_the_forward_without_decode_keeps_the_rest_of_the_trimmed_call(backend, routed):
+    cls, calls = routed
+    module = types.SimpleNamespace(AttentionType=backend.AttentionType, CPUAttentionBackendImpl=cls,
+                                   CPUAttentionBackend=types.SimpleNamespace(forward_includes_kv_cache_update=True))
+    without = patch.forward_without_decode(module)
+    assert without.__wrapped__ is cls.forward.__wrapped__  # vLLM's forward underneath
+    kv_cache, table, query, key, value, seq_lens, slots = _decode_batch(6, torch.bfloat16, 9, 3, 64, 128, [30, 140])
+    stock_cache, stock_out = _vllm(kv_cache, table, query, key, value, seq_lens, slots, isa="vec")
+    layer = types.SimpleNamespace(isa="vec", _k_scale_float=1.0, _v_scale_float=1.0)
+    output = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
+    before = len(calls)
+    without(_impl(cls, 9, 3, 64), layer, query, key, value, kv_cache, _metadata(table, seq_lens, slots, [1, 1]),
+            output=output)
+    assert len(calls) == before  # vLLM's op attended
+    assert torch.equal(kv_cache, stock_cache)  # and the KV write stayed in the call
+    assert torch.equal(output, stock_out)

@@ -31,6 +31,24 @@ def test_the_graph_args_lever_switches_off_and_back():
         patch.Memo.__call__ = planned
 
 
+def test_the_decode_attention_lever_refuses_a_process_without_the_op(monkeypatch):
+    pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from vllm_omni_edge.patches.worker import cpu_attention_calls as patch
+
+    monkeypatch.setattr(patch, "decode_in_force", lambda: False)
+    with pytest.raises(step_ab.StepABError, match="decode attention op is not in force"):
+        step_ab.LEVERS["decode_attention"]()
+
+
+def test_a_deep_prompt_repeats_the_story_prompt_to_its_length():
+    class Tokenizer:
+        def encode(self, text, add_special_tokens):
+            assert text == step_ab.PROMPT and not add_special_tokens
+            return [1, 2, 3]
+
+    assert step_ab.prompt_ids(Tokenizer(), 7) == [1, 2, 3, 1, 2, 3, 1]
+
+
 def test_the_report_leads_with_the_ratio():
     record = {"provenance": {"cpu": {"model_name": "cpu", "logical_cpus": 2}, "git": {"sha": "abc", "dirty": False}},
               "model": "m", "llm_kwargs": {"max_model_len": 512}, "levers": ["slot_mapping_call"],
@@ -46,6 +64,7 @@ def test_the_report_leads_with_the_ratio():
     (["--levers", ""], "none given"),
     (["--levers", "slot_mapping_call", "--rounds", "2"], "--rounds must be at least 3"),
     (["--levers", "slot_mapping_call", "--gen-tokens", "8"], "--gen-tokens must be at least 16"),
+    (["--levers", "decode_attention", "--prompt-tokens", "0"], "--prompt-tokens must be at least 1"),
     (["--levers", "slot_mapping_call", "--llm-kwargs", '{"model": "x"}'], "without 'model'"),
     (["--levers", "slot_mapping_call", "--model", "/nonexistent/model"], "does not exist"),
 ])

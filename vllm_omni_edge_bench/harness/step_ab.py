@@ -2,7 +2,7 @@
 
     python -m vllm_omni_edge_bench.harness.step_ab --levers compiled_graph_args,slot_mapping_call
         [--model default:cpu_int4] [--llm-kwargs '{"max_model_len": 512}'] [--rounds 8]
-        [--gen-tokens 128] [--out DIR]
+        [--gen-tokens 128] [--prompt-tokens N] [--out DIR]
 
 Builds ``LLM(model=CKPT, **llm_kwargs)`` in this process as the user's command does (no
 environment flags: every lever in its default state) and decodes greedy requests of
@@ -84,19 +84,48 @@ def _slot_mapping() -> Lever:
     return Lever(off, on, lambda: True)
 
 
+def _decode_attention() -> Lever:
+    from vllm.v1.attention.backends import cpu_attn
+
+    from vllm_omni_edge.patches.worker import cpu_attention_calls as patch
+
+    if not patch.decode_in_force():
+        raise StepABError("the decode attention op is not in force in this process")
+    impl = cpu_attn.CPUAttentionBackendImpl
+    wrapped = impl.forward
+    without = patch.forward_without_decode(cpu_attn)
+
+    def off():
+        impl.forward = without
+
+    def on():
+        impl.forward = wrapped
+
+    return Lever(off, on, patch.decode_in_force)
+
+
 LEVERS: dict[str, Callable[[], Lever]] = {
     "compiled_graph_args": _graph_args,
     "slot_mapping_call": _slot_mapping,
+    "decode_attention": _decode_attention,
 }
 
 
-def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, gen_tokens: int) -> dict[str, Any]:
+def prompt_ids(tokenizer, tokens: int) -> list[int]:
+    """PROMPT's tokens repeated to ``tokens`` (a decode at depth: each step attends over them)."""
+    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    return (ids * (tokens // len(ids) + 1))[:tokens]
+
+
+def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, gen_tokens: int,
+        prompt_tokens: int | None = None) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, **llm_kwargs)
     core = engine_probe.in_process_core(llm, StepABError, "the levers must switch in the process that runs the model")
     params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True, temperature=0)
-    reference = list(llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].token_ids)
+    prompt = PROMPT if prompt_tokens is None else {"prompt_token_ids": prompt_ids(llm.get_tokenizer(), prompt_tokens)}
+    reference = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
     levers = [LEVERS[name]() for name in names]
     steps: dict[str, list[float]] = {"on": [], "off": []}
     state = {"n": 0}
@@ -121,7 +150,7 @@ def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, g
             state["n"] = 0
             steps["on"].clear()
             steps["off"].clear()
-            out = llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+            out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
             if list(out.token_ids) != reference:
                 raise StepABError("a request's tokens differ from the first request's: the arms do not compute the same")
             on, off = spread(steps["on"])["median"] * 1e3, spread(steps["off"])["median"] * 1e3
@@ -134,7 +163,7 @@ def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, g
     if not_acting:
         raise StepABError(f"levers that never acted: {not_acting}")
     return {"model": model, "llm_kwargs": llm_kwargs, "levers": names, "rounds": rounds, "gen_tokens": gen_tokens,
-            "per_round": per_round,
+            "prompt_tokens": prompt_tokens, "per_round": per_round,
             "step_ms": {arm: spread([r[f"{arm}_ms"] for r in per_round]) for arm in ("on", "off")},
             "off_over_on": spread([r["ratio"] for r in per_round])}
 
@@ -145,7 +174,9 @@ def render_markdown(record: dict[str, Any]) -> str:
     lines = [f"# Step A/B: {', '.join(record['levers'])} on {record['model']}", "",
              "One run on a shared box: an observation, not a grid measurement.", "",
              f"- `LLM(model=..., {', '.join(f'{k}={v!r}' for k, v in record['llm_kwargs'].items())})`, "
-             f"{record['gen_tokens']} greedy tokens a request, {record['rounds']} requests; the levers "
+             f"{record['gen_tokens']} greedy tokens a request"
+             + (f" after a {record['prompt_tokens']}-token prompt" if record.get("prompt_tokens") else "")
+             + f", {record['rounds']} requests; the levers "
              "off at odd engine steps, on at even ones",
              f"- CPU: {prov['cpu'].get('model_name')}, {prov['cpu'].get('logical_cpus')} logical CPUs; "
              f"code {(prov['git'].get('sha') or '?')[:12]}{' (dirty)' if prov['git'].get('dirty') else ''}", "",
@@ -165,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levers", required=True, help=f"comma-separated, of: {', '.join(LEVERS)}")
     engine_probe.add_arguments(parser, rounds=8, out_default="results/<date>-step-ab-<levers>-<model>")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="a prompt of this many tokens (the story prompt repeated) instead of the story prompt")
     args = parser.parse_args(argv)
+    if args.prompt_tokens is not None and args.prompt_tokens < 1:
+        parser.error(f"--prompt-tokens must be at least 1, got {args.prompt_tokens}")
     names = [n.strip() for n in args.levers.split(",") if n.strip()]
     unknown = [n for n in names if n not in LEVERS]
     if not names or unknown:
@@ -173,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     model, llm_kwargs, out = engine_probe.parse(parser, args, lambda: default_out(args.model, names))
     record = engine_probe.record_start("vllm_omni_edge_bench.harness.step_ab", argv)
     try:
-        record.update(run(model, llm_kwargs, names, args.rounds, args.gen_tokens))
+        record.update(run(model, llm_kwargs, names, args.rounds, args.gen_tokens, args.prompt_tokens))
     except StepABError as error:
         print(f"step_ab: {error}", file=sys.stderr)
         return 1

@@ -193,6 +193,16 @@ def decode_in_force() -> bool:
     return in_force() and getattr(module.CPUAttentionBackendImpl.forward, "__edge_decode__", False)
 
 
+def forward_without_decode(module):
+    """The trimmed forward with the decode op left out (a step-by-step A/B's off arm)."""
+    import functools
+
+    encoder_types = (module.AttentionType.ENCODER_ONLY, module.AttentionType.ENCODER)
+    writes_kv = bool(module.CPUAttentionBackend.forward_includes_kv_cache_update)
+    original = module.CPUAttentionBackendImpl.forward.__wrapped__
+    return functools.wraps(original)(_make_forward(encoder_types, writes_kv, None)(original))
+
+
 def _wrap(module, writes_kv: bool = False, decode=None) -> None:
     encoder_types = (module.AttentionType.ENCODER_ONLY, module.AttentionType.ENCODER)
     impl = module.CPUAttentionBackendImpl
