@@ -37,7 +37,8 @@ idempotent; one call: same cache and output as vLLM's two calls, padded and not,
 backend's flag set; decode: the op against vLLM's ops over dtypes, GQA shapes, windows and
 paged batches, and which batches take it); decode A/B grids, named in the RECORD's ``verified_by``.
 Remove when: vLLM's CPU attention backend caches its cache views and calls its ops
-without the keyword wrappers (or the attention moves into the compiled graph).
+without the keyword wrappers (or the attention moves into the compiled graph); the decode op
+when vLLM's CPU attention op has a one-token path without its per-call fixed cost.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ RECORD = PatchRecord(
     why="Per layer and step, vLLM's CPU attention remakes its KV cache views and calls its ops "
     "through keyword wrappers: Python work on the decode step's critical path.",
     verified_by="tests/test_cpu_attention_calls.py (same writes and outputs as vLLM's code); "
-    "results/2026-12-01-cpp-wrapper-default/grid.yaml, results/2026-12-01-attention-calls-default/grid.yaml.",
+    "results/2026-12-01-cpp-wrapper-default/grid.yaml, results/2026-12-01-attention-calls-default/grid.yaml; "
+    "the decode op: tests/test_decode_attention.py, results/2026-12-06-step-ab-decode-attention-*.",
     remove_when="vLLM's CPU attention backend caches its cache views and calls its ops directly.",
     upstream="none found",
 )
