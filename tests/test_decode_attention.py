@@ -113,6 +113,9 @@ def test_without_the_write_it_attends_over_the_cache_as_it_is():
 @pytest.mark.parametrize("change, message", [
     (lambda b: {**b, "kv_cache": b["kv_cache"].to(torch.float16)}, "share a dtype"),
     (lambda b: {**b, "seq_lens": b["seq_lens"].long()}, "int32"),
+    (lambda b: {**b, "seq_lens": torch.tensor([129], dtype=torch.int32)}, "sequence length 129; its block table holds 1 to 128"),
+    (lambda b: {**b, "seq_lens": torch.tensor([0], dtype=torch.int32)}, "sequence length 0"),
+    (lambda b: {**b, "slots": torch.tensor([40 * 128])}, "slot 5120 is past the cache's 5120 slots"),
     (lambda b: {**b, "kv_cache": b["kv_cache"][..., :72].contiguous(),
                 "query": b["query"][..., :36], "key": b["key"][..., :36], "value": b["value"][..., :36]},
      "multiple of 16"),

@@ -266,8 +266,20 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
           write_kv ? value.stride(0) : 0, write_kv ? value.stride(1) : 0,
           heads * D, static_cast<float>(scale), sliding_window, write_kv};
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int64_t positions = block_table.size(1) * BS;
   int64_t macs = 0;
-  for (int64_t r = 0; r < requests; ++r) macs += 2 * static_cast<int64_t>(lens[r]) * heads * D;
+  for (int64_t r = 0; r < requests; ++r) {
+    TORCH_CHECK(lens[r] >= 1 && lens[r] <= positions, "decode_attention: request ", r, " has sequence length ",
+                lens[r], "; its block table holds 1 to ", positions, " positions");
+    macs += 2 * static_cast<int64_t>(lens[r]) * heads * D;
+  }
+  if (write_kv) {
+    const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+    const int64_t cache_slots = kv_cache.size(0) * BS;
+    for (int64_t r = 0; r < requests; ++r)
+      TORCH_CHECK(slots[r] < cache_slots, "decode_attention: request ", r, "'s slot ", slots[r],
+                  " is past the cache's ", cache_slots, " slots");
+  }
   auto dispatch = [&](auto tag) {
     using scalar_t = decltype(tag);
     const auto* q = query.data_ptr<scalar_t>();
