@@ -235,7 +235,7 @@ FLAGS: tuple[Flag, ...] = (
            ("quantization/kernels/__init__.py",),
            ("int4pack", "amx_w4a8", "avx2_w4a8", "avx2_w4a8_rows8", "avx512_w4a8_rows16", "dequant")),
     Switch("VLLM_OMNI_EDGE_FUSED_MLP", "gated SiLU MLP as one op when both linears run "
-           "avx512_w4a8_rows16 or both avx2_w4a8_rows8 (1); or vLLM's three calls (0)", LEVER, ("patches/worker/fused_silu_mlp.py",)),
+           "avx512_w4a8_rows16 (1); or vLLM's three calls (0)", LEVER, ("patches/worker/fused_silu_mlp.py",)),
     Choice("VLLM_OMNI_EDGE_WEIGHTS_CHECK", "a cpu_int4 checkpoint's SHA-256 check once per file "
            "version: size, mtime, ctime, inode (once); or every start (always)", LEVER,
            ("quantization/manifest.py",), ("once", "always"), "once"),

@@ -1,21 +1,20 @@
-"""Run a decoder layer's gated SiLU MLP as one op when both its linears are on one 4-bit
-interleaved layout (rows16 on AVX-512 VNNI, rows8 on AVX2).
+"""Run a decoder layer's gated SiLU MLP as one op when both its linears are 4-bit rows16.
 
 What: wraps ``LlamaMLP.forward`` and ``Qwen2MLP.forward`` (vLLM's model classes; Mistral,
 SmolLM2, Qwen2.5 and Qwen3 use them). When ``gate_up_proj`` and ``down_proj`` both run
-cpu_int4's ``avx512_w4a8_rows16`` kernel (or both ``avx2_w4a8_rows8``), have no bias, no dense
-prefill copy and no tensor parallel split, and ``act_fn`` is ``SiluAndMul``, the MLP is one
-call of ``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp`` (or ``w4a8_avx2_rows8_silu_mlp``): gate_up,
-SiLU x up and down in C++. Any other MLP runs vLLM's code unchanged.
+cpu_int4's ``avx512_w4a8_rows16`` kernel, have no bias, no dense prefill copy and no tensor
+parallel split, and ``act_fn`` is ``SiluAndMul``, the MLP is one call of
+``edge_cpu_int4::w4a8_vnni_rows16_silu_mlp`` (gate_up, SiLU x up and down in C++); any other
+MLP runs vLLM's code unchanged.
 Why: at decode a small model's MLP is three calls (two linears and an inductor kernel) whose
 fixed costs (Python dispatch, four allocations each, a thread fork/join) are as large as the
-matrix work: SmolLM2-135M's MLP took 98 us as three calls and 69 us as one on an AVX-512 box
-(one row, 2 threads, hot weights), 30 layers a token.
+matrix work: SmolLM2-135M's MLP took 98 us as three calls and 69 us as one on this box (one
+row, 2 threads, hot weights), 30 layers a token.
 Flag: ``VLLM_OMNI_EDGE_FUSED_MLP=0`` keeps vLLM's three calls (the A/B arm).
-Verified by: tests/test_fused_silu_mlp.py (each op against the three calls on random weights,
+Verified by: tests/test_fused_silu_mlp.py (op against the three calls on random weights,
 prefill and decode rows; eligibility; fallback; idempotent); decode in
-``grids/fused-mlp-default.yaml``, ``grids/fused-mlp-qwen.yaml`` and
-``grids/fused-mlp-avx2-default.yaml``, whose evidence asserts ``fused_silu_mlps``.
+``grids/fused-mlp-default.yaml`` and ``grids/fused-mlp-qwen.yaml``, whose evidence asserts
+``fused_silu_mlps`` (30 and 28 layers).
 Remove when: vLLM's CPU path fuses a quantized MLP itself (a fused-MoE-style dense MLP op
 for CPU), or our kernels move into a vLLM quantization backend that provides one.
 """
@@ -37,15 +36,14 @@ RECORD = PatchRecord(
     target=", ".join(f"{module}.{cls}.forward" for module, cls in TARGETS.items()),
     process=Process.WORKER,
     why="At decode a small model's MLP is three calls whose fixed costs match its matrix work; "
-    "with both linears on one interleaved W4A8 layout (rows16 or rows8) they can be one C++ call.",
-    verified_by="tests/test_fused_silu_mlp.py; grids/fused-mlp-default.yaml, grids/fused-mlp-qwen.yaml, "
-    "grids/fused-mlp-avx2-default.yaml.",
+    "with both linears on the rows16 W4A8 kernel they can be one C++ call.",
+    verified_by="tests/test_fused_silu_mlp.py; grids/fused-mlp-default.yaml, grids/fused-mlp-qwen.yaml.",
     remove_when="vLLM fuses a quantized dense MLP on CPU itself.",
     upstream="none found",
 )
 
 
-def _plain_linear(layer, kernel_cls) -> bool:
+def _rows16_linear(layer, kernel_cls) -> bool:
     return (
         type(getattr(layer, "int4_kernel", None)) is kernel_cls
         and getattr(layer, "bias", None) is None
@@ -54,43 +52,37 @@ def _plain_linear(layer, kernel_cls) -> bool:
     )
 
 
-def _fused_op(mlp, act_cls, fused_ops):
-    """The fused op for this MLP's layout, or None. Plain attribute and type checks: dynamo
-    folds them into guards when it traces forward."""
-    if not isinstance(getattr(mlp, "act_fn", None), act_cls):
-        return None
-    gate_up, down = getattr(mlp, "gate_up_proj", None), getattr(mlp, "down_proj", None)
-    for kernel_cls, op in fused_ops:
-        if _plain_linear(gate_up, kernel_cls) and _plain_linear(down, kernel_cls):
-            return op
-    return None
-
-
-def _classes():
-    """SiluAndMul and, per interleaved kernel class, its fused MLP function."""
-    from vllm.model_executor.layers.activation import SiluAndMul
-
-    from vllm_omni_edge.quantization.kernels import w4a8_avx2, w4a8_avx512
-
-    return SiluAndMul, (
-        (w4a8_avx512.Avx512VnniRows16W4A8Kernel, w4a8_avx512.silu_mlp),
-        (w4a8_avx2.Avx2W4A8Rows8Kernel, w4a8_avx2.silu_mlp),
+def _fusable(mlp, act_cls, kernel_cls) -> bool:
+    # Plain attribute and type checks: dynamo folds them into guards when it traces forward.
+    return (
+        isinstance(getattr(mlp, "act_fn", None), act_cls)
+        and _rows16_linear(getattr(mlp, "gate_up_proj", None), kernel_cls)
+        and _rows16_linear(getattr(mlp, "down_proj", None), kernel_cls)
     )
 
 
+def _classes():
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel
+
+    return SiluAndMul, Avx512VnniRows16W4A8Kernel
+
+
 def fusable(mlp) -> bool:
-    """Whether this MLP's forward is one fused op (a function of its modules only)."""
-    return _fused_op(mlp, *_classes()) is not None
+    """Whether this MLP's forward is the one fused op (a function of its modules only)."""
+    return _fusable(mlp, *_classes())
 
 
 def _make_forward(original):
-    act_cls, fused_ops = _classes()
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import silu_mlp
+
+    act_cls, kernel_cls = _classes()
 
     def forward(self, x):
-        op = _fused_op(self, act_cls, fused_ops)
-        if op is None:
+        if not _fusable(self, act_cls, kernel_cls):
             return original(self, x)
-        return op(self.gate_up_proj, self.down_proj, x)
+        return silu_mlp(self.gate_up_proj, self.down_proj, x)
 
     return forward
 
@@ -120,4 +112,4 @@ def apply() -> str:
     if not fused_mlp_enabled():
         return "vLLM's MLP calls kept (flag)"
     now = [when_imported(module, _wrapper_for(cls)) for module, cls in TARGETS.items()]
-    return "gated SiLU MLPs on rows16 and rows8 fused" + ("" if all(now) else " (on import)")
+    return "gated SiLU MLPs on rows16 fused" + ("" if all(now) else " (on import)")

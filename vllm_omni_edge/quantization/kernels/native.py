@@ -124,5 +124,4 @@ def _register_fake() -> None:
                          gate_up_factors=None, down_factors=None, gate_up_high_bits=None, down_high_bits=None):
         return x.new_empty((x.shape[0], down_qweight.shape[0]))
 
-    for op in ("w4a8_vnni_rows16_silu_mlp", "w4a8_avx2_rows8_silu_mlp"):
-        torch.library.register_fake(f"{OP_NAMESPACE}::{op}")(mlp_output_shape)
+    torch.library.register_fake(f"{OP_NAMESPACE}::w4a8_vnni_rows16_silu_mlp")(mlp_output_shape)

@@ -16,9 +16,7 @@ built on this machine (``vllm-omni-edge build-kernels``). The second layout
 ``avx2_w4a8`` reads the stored layout as it is; ``avx2_w4a8_rows8`` rearranges it once at
 load, in place, into tiles of 8 interleaved rows (same bytes; N a multiple of 8), so that each
 int32 lane of a 256-bit vector is one weight row: the same integer dot products with a whole
-vector of weights per ``maddubs`` and no reduction across lanes. ``silu_mlp`` runs a gated SiLU
-MLP whose two linears are on ``avx2_w4a8_rows8`` as one op
-(``edge_cpu_int4::w4a8_avx2_rows8_silu_mlp``; ``patches/worker/fused_silu_mlp.py`` uses it).
+vector of weights per ``maddubs`` and no reduction across lanes.
 """
 
 from __future__ import annotations
@@ -118,17 +116,3 @@ class Avx2W4A8Rows8Kernel(Avx2W4A8Kernel):
     @staticmethod
     def op():
         return torch.ops.edge_cpu_int4.w4a8_avx2_rows8_mm
-
-
-def silu_mlp(gate_up: torch.nn.Module, down: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate) * up)`` in one op (``edge_cpu_int4::w4a8_avx2_rows8_silu_mlp``).
-
-    ``gate_up`` is a merged [gate; up] linear and ``down`` the projection back, both on
-    ``avx2_w4a8_rows8`` with no bias: the same products and roundings as their two calls and
-    vLLM's SiluAndMul between them, in one dispatch.
-    """
-    x2 = as_2d(x, gate_up.int4_in_features)
-    out = torch.ops.edge_cpu_int4.w4a8_avx2_rows8_silu_mlp(
-        x2, gate_up.qweight, gate_up.scales, gate_up.zeros, gate_up.int4_group_size,
-        down.qweight, down.scales, down.zeros, down.int4_group_size)
-    return out.reshape(*x.shape[:-1], out.shape[-1])

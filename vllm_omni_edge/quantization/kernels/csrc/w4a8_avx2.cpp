@@ -214,8 +214,10 @@ inline __m256 load8(const c10::BFloat16* x) {
   const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
-inline __m256 load8(const c10::Half* x) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+inline __m256 load8(const c10::Half* x) {  // no F16C flag in the build: converted one by one
+  alignas(32) float f[8];
+  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(x[i]);
+  return _mm256_load_ps(f);
 }
 
 inline float horizontal_max(__m256 v) {
@@ -322,39 +324,6 @@ void tile_rows8(const uint8_t* w, const uint16_t* scale, const uint16_t* offset,
   }
 }
 
-// Tiles of the 8-row layout against quantized activation rows [M, K]; outputs out[M, N].
-template <typename T>
-void rows8_tiles(const QuantizedActivations& a, int64_t M, const uint8_t* wp, const uint16_t* sp,
-                 const uint16_t* op, int64_t K, int64_t N, int64_t group_size, T* outp) {
-  const int64_t groups = K / group_size;
-  // A tile's 8 x K/2 weight bytes are contiguous and stay in L1/L2 while every activation row
-  // passes over them, kRowTile at a time.
-  at::parallel_for(0, N / kTileRows8, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* tw = wp + t * kTileRows8 * (K / 2);
-      const uint16_t* ts = sp + t * kTileRows8 * groups;
-      const uint16_t* to = op + t * kTileRows8 * groups;
-      for (int64_t m = 0; m < M; m += kRowTile) {
-        with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
-          tile_rows8<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, outp + m * N + t * kTileRows8, N);
-        });
-      }
-    }
-  });
-}
-
-// Rows of x [M, K] into the buffer in k order (the 8-row layout's activations).
-template <typename T>
-void quantize_rows_k_order(const T* x, int64_t M, int64_t K, int64_t group_size, const ActivationBuffer& buffer) {
-  const int64_t groups = K / group_size;
-  at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) {
-      quantize_row_k_order(x + m * K, K, group_size, buffer.q + m * K, buffer.block_scale + m * (K / kBlock),
-                           buffer.group_sum + m * groups);
-    }
-  });
-}
-
 at::Tensor w4a8_avx2_rows8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                               const at::Tensor& offsets, int64_t group_size) {
   return w4a8_frame(
@@ -362,83 +331,22 @@ at::Tensor w4a8_avx2_rows8_mm(const at::Tensor& x, const at::Tensor& qweight, co
       [](const auto* row, auto... rest) { quantize_row_k_order(row, rest...); },
       [](const Shape& shape, const QuantizedActivations& a, const uint8_t* wp, const uint16_t* sp,
          const uint16_t* op, auto* outp) {
-        rows8_tiles(a, shape.M, wp, sp, op, shape.K, shape.N, shape.group_size, outp);
+        const int64_t M = shape.M, K = shape.K, N = shape.N, group_size = shape.group_size, groups = shape.groups;
+        // A tile's 8 x K/2 weight bytes are contiguous and stay in L1/L2 while every activation row
+        // passes over them, kRowTile at a time.
+        at::parallel_for(0, N / kTileRows8, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            const uint8_t* tw = wp + t * kTileRows8 * (K / 2);
+            const uint16_t* ts = sp + t * kTileRows8 * groups;
+            const uint16_t* to = op + t * kTileRows8 * groups;
+            for (int64_t m = 0; m < M; m += kRowTile) {
+              with_row_count(std::min(kRowTile, M - m), [&](auto rows) {
+                tile_rows8<decltype(rows)::value>(tw, ts, to, K, group_size, a, m, outp + m * N + t * kTileRows8, N);
+              });
+            }
+          }
+        });
       });
-}
-
-// e^x for 8 lanes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its degree-6 Taylor
-// polynomial (relative error < 2e-7, below bf16's 4e-3 rounding of the result); 2^n built in the
-// exponent bits, x clamped so that n stays a normal exponent.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.f)), _mm256_set1_ps(-87.f));
-  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
-  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_mul_ps(_mm256_sub_ps(t, n), _mm256_set1_ps(0.69314718055994531f));  // f ln 2
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  for (const float c : {1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f}) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
-}
-
-// h = silu(gate) * up per element, in fp32, rounded to T once: what vLLM's SiluAndMul computes
-// from the same T inputs in a compiled graph. n is a multiple of 8.
-template <typename T>
-void silu_mul_row8(const T* gate, const T* up, int64_t n, T* h) {
-  alignas(32) float lanes[8];
-  const __m256 one = _mm256_set1_ps(1.f);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 g = load8(gate + i);
-    const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
-    _mm256_store_ps(lanes, _mm256_mul_ps(_mm256_mul_ps(g, sig), load8(up + i)));
-    for (int j = 0; j < 8; ++j) h[i + j] = static_cast<T>(lanes[j]);
-  }
-}
-
-// A gated SiLU MLP in one call: down(silu(gate) * up) with gate/up one merged linear [2I, H/2]
-// (gate rows first, as vLLM's MergedColumnParallelLinear holds them) and down [N, I/2], both in
-// the 8-row layout. The same products and roundings as the three calls it replaces (gate_up,
-// SiluAndMul, down) without two op dispatches, the intermediate tensors and an inductor kernel
-// per layer: at decode those fixed costs are about as large as a small model's matrix work.
-at::Tensor w4a8_avx2_rows8_silu_mlp(const at::Tensor& x, const at::Tensor& gate_up_qweight,
-                                    const at::Tensor& gate_up_scales, const at::Tensor& gate_up_offsets,
-                                    int64_t gate_up_group_size, const at::Tensor& down_qweight,
-                                    const at::Tensor& down_scales, const at::Tensor& down_offsets,
-                                    int64_t down_group_size) {
-  constexpr const char* name = "w4a8_avx2_rows8_silu_mlp";
-  TORCH_CHECK(x.dim() == 2, name, ": x must be 2-D [M, H], got ", x.sizes());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), name, ": x must be floating point, got ", x.scalar_type());
-  const int64_t M = x.size(0), H = x.size(1);
-  check_weight("w4a8_avx2_rows8_silu_mlp (gate_up)", gate_up_qweight, gate_up_scales, gate_up_offsets, H,
-               gate_up_group_size, kTileRows8);
-  TORCH_CHECK(gate_up_qweight.size(0) % 2 == 0, name, ": gate_up has an odd row count (",
-              gate_up_qweight.size(0), "); it must hold the gate rows, then as many up rows");
-  const int64_t I = gate_up_qweight.size(0) / 2;
-  check_weight("w4a8_avx2_rows8_silu_mlp (down)", down_qweight, down_scales, down_offsets, I, down_group_size,
-               kTileRows8);
-  const int64_t N = down_qweight.size(0);
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor gw = gate_up_qweight.contiguous(), gs = gate_up_scales.contiguous(),
-                   go = gate_up_offsets.contiguous();
-  const at::Tensor dw = down_qweight.contiguous(), ds = down_scales.contiguous(), dof = down_offsets.contiguous();
-  at::Tensor gate_up = at::empty({M, 2 * I}, x.options());
-  at::Tensor h = at::empty({M, I}, x.options());
-  at::Tensor out = at::empty({M, N}, x.options());
-  const ActivationBuffer x_buffer(M, H, gate_up_group_size, x.options());
-  const ActivationBuffer h_buffer(M, I, down_group_size, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, xc.scalar_type(), name, [&] {
-    scalar_t* gu = gate_up.data_ptr<scalar_t>();
-    scalar_t* hp = h.data_ptr<scalar_t>();
-    quantize_rows_k_order(xc.data_ptr<scalar_t>(), M, H, gate_up_group_size, x_buffer);
-    rows8_tiles(x_buffer.activations(), M, gw.data_ptr<uint8_t>(), bf16_bits(gs), bf16_bits(go), H, 2 * I,
-                gate_up_group_size, gu);
-    at::parallel_for(0, M, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t m = begin; m < end; ++m) silu_mul_row8(gu + m * 2 * I, gu + m * 2 * I + I, I, hp + m * I);
-    });
-    quantize_rows_k_order(static_cast<const scalar_t*>(hp), M, I, down_group_size, h_buffer);
-    rows8_tiles(h_buffer.activations(), M, dw.data_ptr<uint8_t>(), bf16_bits(ds), bf16_bits(dof), I, N,
-                down_group_size, out.data_ptr<scalar_t>());
-  });
-  return out;
 }
 
 // The stored triple rearranged into the 8-row layout in place (the kernel class at load: the
@@ -452,15 +360,11 @@ void interleave_rows8_inplace(at::Tensor& qweight, at::Tensor& scales, at::Tenso
 TORCH_LIBRARY(edge_cpu_int4, m) {
   m.def("w4a8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
   m.def("w4a8_avx2_rows8_mm(Tensor x, Tensor qweight, Tensor scales, Tensor offsets, int group_size) -> Tensor");
-  m.def("w4a8_avx2_rows8_silu_mlp(Tensor x, Tensor gate_up_qweight, Tensor gate_up_scales, "
-        "Tensor gate_up_offsets, int gate_up_group_size, Tensor down_qweight, Tensor down_scales, "
-        "Tensor down_offsets, int down_group_size) -> Tensor");
   m.def("interleave_rows8_inplace(Tensor(a!) qweight, Tensor(b!) scales, Tensor(c!) offsets) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
   m.impl("w4a8_mm", &w4a8_mm);
   m.impl("w4a8_avx2_rows8_mm", &w4a8_avx2_rows8_mm);
-  m.impl("w4a8_avx2_rows8_silu_mlp", &w4a8_avx2_rows8_silu_mlp);
   m.impl("interleave_rows8_inplace", &interleave_rows8_inplace);
 }
