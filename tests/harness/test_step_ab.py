@@ -90,3 +90,26 @@ def test_a_real_step_ab_on_the_default_model(tmp_path):
     record = json.loads((out / "step_ab.json").read_text())
     assert len(record["per_round"]) == 3
     assert all(r["on_ms"] > 0 and r["off_ms"] > 0 for r in record["per_round"])
+
+
+def test_the_sampler_argmax_lever_swaps_the_static_method():
+    sampler = pytest.importorskip("vllm.v1.sample.sampler")
+    import torch
+
+    from vllm_omni_edge.patches.worker import sampler_argmax as patch
+
+    if patch.argmax_op() is None:
+        pytest.skip("kernel library not built here")
+    before = sampler.Sampler.__dict__["greedy_sample"]
+    patch._wrap(sampler)
+    ours = sampler.Sampler.__dict__["greedy_sample"]
+    try:
+        lever = step_ab.LEVERS["sampler_argmax"]()
+        lever.off()
+        assert not patch.in_force()
+        logits = torch.randn(2, 40)
+        assert torch.equal(sampler.Sampler().greedy_sample(logits), logits.argmax(dim=-1))
+        lever.on()
+        assert patch.in_force() and sampler.Sampler.__dict__["greedy_sample"] is ours
+    finally:
+        sampler.Sampler.greedy_sample = before

@@ -104,10 +104,30 @@ def _decode_attention() -> Lever:
     return Lever(off, on, patch.decode_in_force)
 
 
+def _sampler_argmax() -> Lever:
+    from vllm.v1.sample import sampler
+
+    from vllm_omni_edge.patches.worker import sampler_argmax as patch
+
+    if not patch.in_force():
+        raise StepABError("sampler_argmax is not applied in this process")
+    ours = sampler.Sampler.__dict__["greedy_sample"]
+    stock = staticmethod(ours.__func__.__wrapped__)
+
+    def off():
+        sampler.Sampler.greedy_sample = stock
+
+    def on():
+        sampler.Sampler.greedy_sample = ours
+
+    return Lever(off, on, patch.in_force)
+
+
 LEVERS: dict[str, Callable[[], Lever]] = {
     "compiled_graph_args": _graph_args,
     "slot_mapping_call": _slot_mapping,
     "decode_attention": _decode_attention,
+    "sampler_argmax": _sampler_argmax,
 }
 
 

@@ -5,7 +5,8 @@ What: replaces ``vllm.v1.sample.ops.topk_topp_sampler.compiled_random_sample`` (
 request with temperature > 0 and no per-request seed) with ``eager_random_sample``:
 the same exponential-race (Gumbel-max) draw, ``argmax(probs / q)`` with
 ``q ~ Exp(1)``, where ``q = -log(u)`` for ``u ~ U(tiny, 1)`` instead of
-``Tensor.exponential_``. Greedy and seeded requests take other paths and are untouched.
+``Tensor.exponential_``; the argmax through ``sampler_argmax.argmax_rows`` when that lever is
+on. Greedy and seeded requests take other paths and are untouched.
 Why: vLLM compiles that function with inductor the first time a request samples, in
 every layout and also with ``enforce_eager``: 4.5 s on this 2-core box before the first
 sampled token (``temperature`` defaults to 1 in the OpenAI API, so a user's first chat
@@ -50,17 +51,29 @@ def eager_random_sample(logits: torch.Tensor) -> torch.Tensor:
     # u > 0 keeps q finite, u < 1 keeps it > 0: no token is excluded or forced.
     uniform = torch.rand_like(probs).clamp_(min=torch.finfo(torch.float32).tiny)
     race = uniform.log_().neg_()
-    return probs.div_(race).argmax(dim=-1).view(-1)
+    return _argmax(probs.div_(race)).view(-1)
 
+
+def _torch_argmax(x: torch.Tensor) -> torch.Tensor:
+    return x.argmax(dim=-1)
+
+
+# The row-wise argmax the draw ends with (apply() picks it).
+_argmax = _torch_argmax
 
 eager_random_sample.__edge_wrapped__ = True
 
 
 def apply() -> str:
-    from vllm_omni_edge.levers import eager_sampler_enabled
+    from vllm_omni_edge.levers import eager_sampler_enabled, sampler_argmax_enabled
 
+    global _argmax
     if not eager_sampler_enabled():
         return "vLLM's compiled CPU sampler kept (flag)"
+    if sampler_argmax_enabled():
+        from vllm_omni_edge.patches.worker.sampler_argmax import argmax_rows
+
+        _argmax = argmax_rows
     now = when_imported(TARGET_MODULE, _replace)
     return "CPU random sampling runs eager" + ("" if now else " (on import)")
 
