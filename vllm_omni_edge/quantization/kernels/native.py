@@ -31,7 +31,7 @@ CSRC = Path(__file__).parent / "csrc"
 # The namespace edge_cpu: decode attention over vLLM's CPU KV cache and a row-wise argmax
 # for the sampler (AVX2, F16C).
 SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp", CSRC / "argmax.cpp")
-HEADERS = (CSRC / "w4a8_common.h",)
+HEADERS = (CSRC / "w4a8_common.h", CSRC / "widen8.h")
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
 # torch's own libgomp (same soname, already loaded), so thread counts are shared.

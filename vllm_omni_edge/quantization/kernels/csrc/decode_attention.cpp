@@ -16,6 +16,8 @@
 
 #include <immintrin.h>
 
+#include "widen8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,14 +27,7 @@
 
 namespace {
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using edge_cpu_widen::load8;
 
 // 16 values as two vectors. bfloat16 widens with two unpacks of one load (cheaper than two
 // zero-extends and shifts) at the price of order: the vectors hold elements 0-3, 8-11 and

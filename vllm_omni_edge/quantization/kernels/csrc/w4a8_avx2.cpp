@@ -27,6 +27,8 @@
 
 #include <immintrin.h>
 
+#include "widen8.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -206,18 +208,9 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 
 // ---- The 8-row interleaved layout ----
 
-inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+using edge_cpu_widen::load8;
 inline __m256 load8(const double* x) {
   return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(x + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(x)));
-}
-inline __m256 load8(const c10::BFloat16* x) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-inline __m256 load8(const c10::Half* x) {  // no F16C flag in the build: converted one by one
-  alignas(32) float f[8];
-  for (int i = 0; i < 8; ++i) f[i] = static_cast<float>(x[i]);
-  return _mm256_load_ps(f);
 }
 
 inline float horizontal_max(__m256 v) {
