@@ -1,10 +1,24 @@
-"""The eager CPU sampler: draws follow the softmax, nothing compiles, applied once."""
+"""The eager CPU sampler: draws follow the softmax, nothing compiles, applied once.
+
+The draw tests run on both of its paths: torch ops, and the one Gumbel-max op of our kernel
+library (skipped where the library is not built).
+"""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from vllm_omni_edge.patches.worker import cpu_random_sample
+from vllm_omni_edge.patches.worker import cpu_random_sample, sampler_argmax
+
+
+@pytest.fixture(params=["torch", "gumbel_op"], autouse=True)
+def draw_path(request, monkeypatch):
+    op = sampler_argmax.gumbel_op() if request.param == "gumbel_op" else None
+    if request.param == "gumbel_op" and op is None:
+        pytest.skip("kernel library not built here (vllm-omni-edge build-kernels)")
+    monkeypatch.setattr(cpu_random_sample, "_gumbel", op)
+    return request.param
 
 
 def test_draws_follow_the_softmax():
@@ -24,6 +38,20 @@ def test_a_token_with_probability_zero_is_never_drawn_and_a_certain_one_always()
     assert 1 not in cpu_random_sample.eager_random_sample(logits).tolist()
     certain = torch.tensor([[float("-inf"), 0.0]]).expand(100, 2).contiguous()
     assert cpu_random_sample.eager_random_sample(certain).tolist() == [1] * 100
+
+
+def test_torch_seed_fixes_the_draws_and_a_large_vocabulary_follows_the_softmax():
+    logits = torch.randn(1, 49_152, generator=torch.Generator().manual_seed(3)) * 3
+    torch.manual_seed(5)
+    first = [int(cpu_random_sample.eager_random_sample(logits)) for _ in range(5_000)]
+    torch.manual_seed(5)
+    assert [int(cpu_random_sample.eager_random_sample(logits)) for _ in range(5)] == first[:5]
+    # The most likely tokens are drawn at their probabilities (z-scores of independent draws).
+    probs = logits.softmax(-1)[0].double()
+    for token in probs.argsort(descending=True)[:3].tolist():
+        share = first.count(token) / len(first)
+        sd = float((probs[token] * (1 - probs[token]) / len(first)) ** 0.5)
+        assert abs(share - float(probs[token])) < 4.5 * sd, (token, share, float(probs[token]))
 
 
 def test_vllms_cpu_sampler_uses_it_and_compiles_nothing():

@@ -82,23 +82,38 @@ def test_wrapper_routes_what_the_op_takes():
     assert torch.equal(Sampler().greedy_sample(logits), logits.argmax(dim=-1)) and not seen
     as_double = logits.double()
     assert torch.equal(Sampler().greedy_sample(as_double), as_double.argmax(dim=-1)) and len(seen) == 1
-    assert torch.equal(patch.argmax_rows(as_double), as_double.argmax(dim=-1))
 
 
-def test_flag_keeps_torch_argmax(monkeypatch):
+def test_flag_keeps_torch_argmax_and_the_torch_draw(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_SAMPLER_ARGMAX", "0")
     assert patch.apply() == "torch.argmax kept for sampled tokens (flag)"
-    monkeypatch.setattr(cpu_random_sample, "_argmax", cpu_random_sample._torch_argmax)
+    monkeypatch.setattr(cpu_random_sample, "_gumbel", "stale")
     cpu_random_sample.apply()
-    assert cpu_random_sample._argmax is cpu_random_sample._torch_argmax
+    assert cpu_random_sample._gumbel is None
 
 
 @needs_op
-def test_random_draw_takes_its_argmax_through_the_op(monkeypatch):
+def test_the_random_draw_runs_as_one_op_by_default(monkeypatch):
     monkeypatch.setenv("VLLM_OMNI_EDGE_SAMPLER_ARGMAX", "1")
-    monkeypatch.setattr(cpu_random_sample, "_argmax", cpu_random_sample._torch_argmax)
-    cpu_random_sample.apply()
-    assert cpu_random_sample._argmax is patch.argmax_rows
-    logits = torch.full((2, 5), -float("inf"))
-    logits[0, 3] = logits[1, 1] = 0.0  # one token with all the probability
-    assert cpu_random_sample.eager_random_sample(logits).tolist() == [3, 1]
+    monkeypatch.setattr(cpu_random_sample, "_gumbel", None)
+    assert "edge_cpu::gumbel_argmax" in cpu_random_sample.apply()
+    assert cpu_random_sample._gumbel is patch.gumbel_op()
+
+
+@needs_op
+def test_gumbel_op_draws_follow_the_softmax_row_by_row():
+    gumbel = patch.gumbel_op()
+    probs = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05, 0.0])
+    logits = probs.log().expand(30_000, 6).contiguous()  # every row its own stream of one seed
+    counts = torch.bincount(gumbel(logits, 12345), minlength=6).double()
+    assert counts[5] == 0  # probability 0: never drawn
+    expected = probs[:5].double() * logits.shape[0]
+    chi_square = float(((counts[:5] - expected) ** 2 / expected).sum())
+    assert chi_square < 18.47, (counts, chi_square)  # 4 d.o.f., p = 0.001
+    assert torch.equal(gumbel(logits[:50], 7), gumbel(logits[:50], 7))  # a seed fixes the draw
+    assert not torch.equal(gumbel(logits[:50], 7), gumbel(logits[:50], 8))
+    assert gumbel(torch.full((2, 40), -float("inf")), 1).tolist() == [0, 0]  # nothing to draw
+    with pytest.raises(RuntimeError, match="must be 2-D"):
+        gumbel(torch.zeros(8), 1)
+    with pytest.raises(RuntimeError, match="is not float32, bfloat16 or float16"):
+        gumbel(torch.zeros(2, 8, dtype=torch.float64), 1)

@@ -259,9 +259,11 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_SLOT_MAPPING_CALL", "a step's KV slot mapping computed with one call of "
            "vLLM's C++ op (1); or through vLLM's Triton launcher, which then calls it (0)", LEVER,
            ("patches/worker/slot_mapping_call.py",)),
-    Switch("VLLM_OMNI_EDGE_SAMPLER_ARGMAX", "a sampled token's argmax over the vocabulary (greedy, "
-           "and the eager random draw) by our row-wise argmax op (1); or torch.argmax (0)", LEVER,
-           ("patches/worker/sampler_argmax.py", "quantization/kernels/csrc/argmax.cpp")),
+    Switch("VLLM_OMNI_EDGE_SAMPLER_ARGMAX", "a greedy token's argmax over the vocabulary by our "
+           "row-wise argmax op, and the eager random draw as one Gumbel-max op (1); or torch.argmax "
+           "and the draw in torch ops (0)", LEVER,
+           ("patches/worker/sampler_argmax.py", "patches/worker/cpu_random_sample.py",
+            "quantization/kernels/csrc/argmax.cpp")),
     Switch("VLLM_OMNI_EDGE_ATTENTION_CALLS", "CPU attention calls of a decoder layer with cache "
            "views kept and ops called directly (1); or vLLM's (0)", LEVER,
            ("patches/worker/cpu_attention_calls.py",)),

@@ -5,8 +5,11 @@ What: replaces ``vllm.v1.sample.ops.topk_topp_sampler.compiled_random_sample`` (
 request with temperature > 0 and no per-request seed) with ``eager_random_sample``:
 the same exponential-race (Gumbel-max) draw, ``argmax(probs / q)`` with
 ``q ~ Exp(1)``, where ``q = -log(u)`` for ``u ~ U(tiny, 1)`` instead of
-``Tensor.exponential_``; the argmax through ``sampler_argmax.argmax_rows`` when that lever is
-on. Greedy and seeded requests take other paths and are untouched.
+``Tensor.exponential_``. With ``VLLM_OMNI_EDGE_SAMPLER_ARGMAX`` on (the default) and the kernel
+library built, the draw is one op, ``edge_cpu::gumbel_argmax``: the same race in logs
+(``argmax(logits + G)``, ``G = -log(-log u)``, a Gumbel-max draw) with its uniforms hashed from
+one seed that torch's generator gives, and no softmax. Greedy and seeded requests take other
+paths and are untouched.
 Why: vLLM compiles that function with inductor the first time a request samples, in
 every layout and also with ``enforce_eager``: 4.5 s on this 2-core box before the first
 sampled token (``temperature`` defaults to 1 in the OpenAI API, so a user's first chat
@@ -27,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.worker import sampler_argmax
 from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
@@ -47,19 +51,20 @@ RECORD = PatchRecord(
 
 def eager_random_sample(logits: torch.Tensor) -> torch.Tensor:
     """One token per row, drawn from ``softmax(logits)`` (exponential race, no compile)."""
+    if _gumbel is not None and sampler_argmax.takes(logits):
+        # One 64-bit seed from torch's generator: torch.manual_seed still fixes the draws.
+        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+        return _gumbel(logits, seed)
     probs = logits.softmax(dim=-1, dtype=torch.float32)
     # u > 0 keeps q finite, u < 1 keeps it > 0: no token is excluded or forced.
     uniform = torch.rand_like(probs).clamp_(min=torch.finfo(torch.float32).tiny)
     race = uniform.log_().neg_()
-    return _argmax(probs.div_(race)).view(-1)
+    return probs.div_(race).argmax(dim=-1).view(-1)
 
 
-def _torch_argmax(x: torch.Tensor) -> torch.Tensor:
-    return x.argmax(dim=-1)
-
-
-# The row-wise argmax the draw ends with (apply() picks it).
-_argmax = _torch_argmax
+# The whole draw in one C++ op (edge_cpu::gumbel_argmax) when the sampler-ops lever is on and the
+# kernel library loads; apply() picks it.
+_gumbel = None
 
 eager_random_sample.__edge_wrapped__ = True
 
@@ -67,15 +72,13 @@ eager_random_sample.__edge_wrapped__ = True
 def apply() -> str:
     from vllm_omni_edge.levers import eager_sampler_enabled, sampler_argmax_enabled
 
-    global _argmax
+    global _gumbel
     if not eager_sampler_enabled():
         return "vLLM's compiled CPU sampler kept (flag)"
-    if sampler_argmax_enabled():
-        from vllm_omni_edge.patches.worker.sampler_argmax import argmax_rows
-
-        _argmax = argmax_rows
+    _gumbel = sampler_argmax.gumbel_op() if sampler_argmax_enabled() else None
     now = when_imported(TARGET_MODULE, _replace)
-    return "CPU random sampling runs eager" + ("" if now else " (on import)")
+    return ("CPU random sampling runs eager" + (" in one op (edge_cpu::gumbel_argmax)" if _gumbel else "")
+            + ("" if now else " (on import)"))
 
 
 def _replace(module) -> None:

@@ -4,7 +4,8 @@ What: wraps ``vllm.v1.sample.sampler.Sampler.greedy_sample`` (a static method:
 ``logits.argmax(dim=-1).view(-1)``). For a 2-D CPU float32/bfloat16/float16 logits tensor it
 calls ``edge_cpu::argmax_rows`` (``quantization/kernels/csrc/argmax.cpp``): the same indices as
 ``torch.argmax`` (the first maximum of each row; a row's first NaN when it has one); anything
-else goes to vLLM's code. ``cpu_random_sample``'s eager draw takes its argmax the same way.
+else goes to vLLM's code. The same flag lets ``cpu_random_sample``'s eager draw run as one op of
+that library (``edge_cpu::gumbel_argmax``).
 Why: a greedy token is one argmax over the vocabulary a step; ATen's CPU argmax reduces at
 about two nanoseconds an element, so a 49k vocabulary costs several times the op's time.
 Flag: ``VLLM_OMNI_EDGE_SAMPLER_ARGMAX=0`` keeps ``torch.argmax`` (the A/B arm).
@@ -36,38 +37,37 @@ RECORD = PatchRecord(
     upstream="none found",
 )
 
-_op = None
+def _library_op(name: str):
+    """``edge_cpu::<name>`` when the kernel library is built and loads here, else None."""
+    import torch
+
+    from vllm_omni_edge.quantization.kernels import native
+
+    loaded, _ = native.load_library()
+    return getattr(torch.ops.edge_cpu, name).default if loaded else None
 
 
 def argmax_op():
-    """``edge_cpu::argmax_rows`` when the kernel library is built and loads here, else None."""
-    global _op
-    if _op is None:
-        import torch
-
-        from vllm_omni_edge.quantization.kernels import native
-
-        loaded, _ = native.load_library()
-        _op = torch.ops.edge_cpu.argmax_rows.default if loaded else False
-    return _op or None
+    """``edge_cpu::argmax_rows``: torch.argmax(x, dim=-1) of a 2-D float tensor."""
+    return _library_op("argmax_rows")
 
 
-def _takes(x) -> bool:
+def gumbel_op():
+    """``edge_cpu::gumbel_argmax``: a draw from each row's softmax, from one seed."""
+    return _library_op("gumbel_argmax")
+
+
+def takes(x) -> bool:
+    """Whether the ops take ``x``: a non-empty 2-D CPU float32/bfloat16/float16 tensor."""
     import torch
 
     return (x.dim() == 2 and x.shape[-1] > 0 and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
-def argmax_rows(x):
-    """``x.argmax(dim=-1)`` for a 2-D tensor, through our op when it takes ``x``."""
-    op = argmax_op() if _takes(x) else None
-    return op(x) if op is not None else x.argmax(dim=-1)
-
-
 def _make(original, op):
     def greedy_sample(logits):
-        if _takes(logits):
+        if takes(logits):
             return op(logits)
         return original(logits)
 

@@ -1,5 +1,6 @@
 // Row-wise argmax of a 2-D float tensor, as torch.argmax(x, dim=-1) returns it: the index of
-// the first maximum of each row, or of the row's first NaN when it has one.
+// the first maximum of each row, or of the row's first NaN when it has one. And a random draw
+// from softmax(row) as the argmax of the row plus Gumbel noise made here (gumbel_argmax).
 //
 // A sampler takes one token per row from a vocabulary-wide row of logits (or of probabilities
 // divided by an exponential race). ATen's CPU argmax reduces such a row at about two
@@ -17,6 +18,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -79,6 +82,157 @@ int64_t argmax_row(const T* row, int64_t n) {
   return nan ? first_nan(row, n) : best_index;
 }
 
+// ---- A draw from softmax(x) by the Gumbel-max trick ----
+//
+// argmax_i (x_i + G_i) with G_i = -log(-log u_i), u_i uniform in (0, 1), is a draw from
+// softmax(x): the exponential race argmax_i p_i / q_i (q_i = -log u_i ~ Exp(1)) in logs, with no
+// softmax. u_i comes from a counter-based hash of (seed, row, i), so a draw needs one 64-bit seed
+// and no buffer of uniforms, and is the same whatever the thread count.
+
+// Chris Wellons' lowbias32 integer hash, one value and 8 lanes.
+inline uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+
+inline __m256i hash8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int32_t>(0x846ca68bu)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+// ln x for 8 positive normal lanes: x = 2^e m with m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh(s),
+// s = (m - 1) / (m + 1), by its series to s^9 (|s| < 0.172: relative error below 1e-8).
+inline __m256 log8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127));
+  __m256 m = _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007fffff)), _mm256_set1_epi32(0x3f800000)));
+  const __m256 big = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), big);
+  e = _mm256_add_epi32(e, _mm256_and_si256(_mm256_castps_si256(big), _mm256_set1_epi32(1)));
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 s = _mm256_div_ps(_mm256_sub_ps(m, one), _mm256_add_ps(m, one));
+  const __m256 z = _mm256_mul_ps(s, s);
+  __m256 p = _mm256_set1_ps(1.f / 9);
+  for (const float c : {1.f / 7, 1.f / 5, 1.f / 3, 1.f}) p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(c));
+  const __m256 ln_m = _mm256_mul_ps(_mm256_add_ps(s, s), p);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.69314718055994531f), ln_m);
+}
+
+// Gumbel noise for the 8 elements at `index` of the stream `key`: u = (23 hash bits + 1/2) / 2^23,
+// in [2^-24, 1 - 2^-24], both ends exact in fp32, so -log u > 0 and the noise is finite.
+inline __m256 gumbel8(__m256i index, __m256i key_lo, __m256i key_hi) {
+  const __m256i h = hash8(_mm256_xor_si256(hash8(_mm256_add_epi32(index, key_lo)), key_hi));
+  const __m256 u = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 9)), _mm256_set1_ps(0.5f)),
+                                 _mm256_set1_ps(1.f / 8388608.f));
+  const __m256 minus_log_u = _mm256_sub_ps(_mm256_setzero_ps(), log8(u));
+  return _mm256_sub_ps(_mm256_setzero_ps(), log8(minus_log_u));
+}
+
+struct Best {
+  float value;
+  int64_t index;
+  bool nan;
+};
+
+// The first maximum of x_i + G_i over [begin, end) of one row (NaN flagged: the caller returns the
+// row's first NaN, as the argmax of a row with NaN does).
+template <typename T>
+Best gumbel_best(const T* row, int64_t begin, int64_t end, __m256i key_lo, __m256i key_hi) {
+  __m256 lane_max = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256i lane_index = _mm256_set1_epi32(std::numeric_limits<int32_t>::max());
+  __m256 unordered = _mm256_setzero_ps();
+  const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t i = begin; i < end; i += 8) {
+    __m256 x;
+    if (i + 8 <= end) {
+      x = load8(row + i);
+    } else {  // the tail, padded with -inf (never a maximum)
+      alignas(32) float pad[8];
+      for (int j = 0; j < 8; ++j) pad[j] = i + j < end ? static_cast<float>(row[i + j]) : -std::numeric_limits<float>::infinity();
+      x = _mm256_load_ps(pad);
+    }
+    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(i)), step);
+    const __m256 y = _mm256_add_ps(x, gumbel8(index, key_lo, key_hi));
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    // Strict >: a lane keeps its first maximum; -inf + noise never beats the initial -inf.
+    const __m256 greater = _mm256_cmp_ps(y, lane_max, _CMP_GT_OQ);
+    lane_max = _mm256_blendv_ps(lane_max, y, greater);
+    lane_index = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(lane_index), _mm256_castsi256_ps(index), greater));
+  }
+  alignas(32) float values[8];
+  alignas(32) int32_t indices[8];
+  _mm256_store_ps(values, lane_max);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(indices), lane_index);
+  Best best{values[0], indices[0], _mm256_movemask_ps(unordered) != 0};
+  for (int j = 1; j < 8; ++j) {
+    if (values[j] > best.value || (values[j] == best.value && indices[j] < best.index)) {
+      best.value = values[j];
+      best.index = indices[j];
+    }
+  }
+  return best;
+}
+
+at::Tensor gumbel_argmax(const at::Tensor& x, int64_t seed) {
+  TORCH_CHECK(x.dim() == 2, "gumbel_argmax: x must be 2-D [rows, n], got ", x.sizes());
+  TORCH_CHECK(x.size(1) > 0, "gumbel_argmax: rows of length 0 have nothing to draw");
+  TORCH_CHECK(x.size(1) < std::numeric_limits<int32_t>::max(), "gumbel_argmax: rows longer than 2^31 - 1");
+  const at::Tensor xc = x.contiguous();
+  const int64_t rows = xc.size(0), n = xc.size(1);
+  at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  const uint64_t s = static_cast<uint64_t>(seed);
+  // A row splits into chunks for the threads once it is long enough to pay for waking them.
+  constexpr int64_t kChunk = 16384;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = xc.data_ptr<T>();
+    std::vector<Best> parts(rows * chunks);
+    at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t r = item / chunks, c = item % chunks;
+        // Each (seed, row) its own stream: a hashed offset of the element counter (so two draws
+        // read different stretches of the hash's input, not the same inputs permuted) and a
+        // hashed key between the two hash rounds.
+        const uint32_t lo = hash32(static_cast<uint32_t>(s) ^ hash32(static_cast<uint32_t>(r) + 0x9E3779B9u));
+        // (hi is not hash32(lo), which the first round gives element 0: their XOR would be 0.)
+        const uint32_t hi = hash32(hash32(static_cast<uint32_t>(s >> 32) ^ 0x85ebca6bu) ^ lo);
+        parts[item] = gumbel_best(xp + r * n, c * kChunk, std::min(n, (c + 1) * kChunk),
+                                  _mm256_set1_epi32(static_cast<int32_t>(lo)), _mm256_set1_epi32(static_cast<int32_t>(hi)));
+      }
+    });
+    for (int64_t r = 0; r < rows; ++r) {
+      Best best = parts[r * chunks];
+      for (int64_t c = 1; c < chunks; ++c) {  // later chunks hold later indices: strict >
+        const Best& part = parts[r * chunks + c];
+        best.nan = best.nan || part.nan;
+        if (part.value > best.value) {
+          best.value = part.value;
+          best.index = part.index;
+        }
+      }
+      // A row of -inf has no draw: index 0, as the argmax of its NaN softmax.
+      op[r] = best.nan ? first_nan(xp + r * n, n) : best.index == std::numeric_limits<int32_t>::max() ? 0 : best.index;
+    }
+  };
+  switch (xc.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(c10::BFloat16{}); break;
+    case at::kHalf: run(c10::Half{}); break;
+    default: TORCH_CHECK(false, "gumbel_argmax: x dtype ", xc.scalar_type(), " is not float32, bfloat16 or float16");
+  }
+  return out;
+}
+
 at::Tensor argmax_rows(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2, "argmax_rows: x must be 2-D [rows, n], got ", x.sizes());
   TORCH_CHECK(x.size(1) > 0, "argmax_rows: rows of length 0 have no maximum");
@@ -106,6 +260,12 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(edge_cpu, m) { m.def("argmax_rows(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(edge_cpu, m) {
+  m.def("argmax_rows(Tensor x) -> Tensor");
+  m.def("gumbel_argmax(Tensor x, int seed) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(edge_cpu, CPU, m) { m.impl("argmax_rows", &argmax_rows); }
+TORCH_LIBRARY_IMPL(edge_cpu, CPU, m) {
+  m.impl("argmax_rows", &argmax_rows);
+  m.impl("gumbel_argmax", &gumbel_argmax);
+}
