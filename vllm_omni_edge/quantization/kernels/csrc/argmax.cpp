@@ -125,10 +125,11 @@ inline __m256 log8(__m256 x) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_set1_ps(0.69314718055994531f), ln_m);
 }
 
-// Gumbel noise for the 8 elements at `index` of the stream `key`: u = (23 hash bits + 1/2) / 2^23,
+// Gumbel noise for the 8 elements at `index` of the stream `key` (the hash of key + index, so two
+// streams read different stretches of the hash's input): u = (23 hash bits + 1/2) / 2^23,
 // in [2^-24, 1 - 2^-24], both ends exact in fp32, so -log u > 0 and the noise is finite.
-inline __m256 gumbel8(__m256i index, __m256i key_lo, __m256i key_hi) {
-  const __m256i h = hash8(_mm256_xor_si256(hash8(_mm256_add_epi32(index, key_lo)), key_hi));
+inline __m256 gumbel8(__m256i index, __m256i key) {
+  const __m256i h = hash8(_mm256_add_epi32(index, key));
   const __m256 u = _mm256_mul_ps(_mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 9)), _mm256_set1_ps(0.5f)),
                                  _mm256_set1_ps(1.f / 8388608.f));
   const __m256 minus_log_u = _mm256_sub_ps(_mm256_setzero_ps(), log8(u));
@@ -144,7 +145,7 @@ struct Best {
 // The first maximum of x_i + G_i over [begin, end) of one row (NaN flagged: the caller returns the
 // row's first NaN, as the argmax of a row with NaN does).
 template <typename T>
-Best gumbel_best(const T* row, int64_t begin, int64_t end, __m256i key_lo, __m256i key_hi) {
+Best gumbel_best(const T* row, int64_t begin, int64_t end, __m256i key) {
   __m256 lane_max = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256i lane_index = _mm256_set1_epi32(std::numeric_limits<int32_t>::max());
   __m256 unordered = _mm256_setzero_ps();
@@ -159,7 +160,7 @@ Best gumbel_best(const T* row, int64_t begin, int64_t end, __m256i key_lo, __m25
       x = _mm256_load_ps(pad);
     }
     const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(i)), step);
-    const __m256 y = _mm256_add_ps(x, gumbel8(index, key_lo, key_hi));
+    const __m256 y = _mm256_add_ps(x, gumbel8(index, key));
     unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     // Strict >: a lane keeps its first maximum; -inf + noise never beats the initial -inf.
     const __m256 greater = _mm256_cmp_ps(y, lane_max, _CMP_GT_OQ);
@@ -200,14 +201,11 @@ at::Tensor gumbel_argmax(const at::Tensor& x, int64_t seed) {
     at::parallel_for(0, rows * chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t r = item / chunks, c = item % chunks;
-        // Each (seed, row) its own stream: a hashed offset of the element counter (so two draws
-        // read different stretches of the hash's input, not the same inputs permuted) and a
-        // hashed key between the two hash rounds.
-        const uint32_t lo = hash32(static_cast<uint32_t>(s) ^ hash32(static_cast<uint32_t>(r) + 0x9E3779B9u));
-        // (hi is not hash32(lo), which the first round gives element 0: their XOR would be 0.)
-        const uint32_t hi = hash32(hash32(static_cast<uint32_t>(s >> 32) ^ 0x85ebca6bu) ^ lo);
+        // Each (seed, row) its own stream: both halves of the seed and the row hashed into the key.
+        const uint32_t key = hash32(static_cast<uint32_t>(s) ^ hash32(static_cast<uint32_t>(s >> 32) ^
+                                                                     hash32(static_cast<uint32_t>(r) + 0x9E3779B9u)));
         parts[item] = gumbel_best(xp + r * n, c * kChunk, std::min(n, (c + 1) * kChunk),
-                                  _mm256_set1_epi32(static_cast<int32_t>(lo)), _mm256_set1_epi32(static_cast<int32_t>(hi)));
+                                  _mm256_set1_epi32(static_cast<int32_t>(key)));
       }
     });
     for (int64_t r = 0; r < rows; ++r) {
