@@ -104,12 +104,9 @@ _DECODE_ATTR = "_edge_decode_attention"
 
 def decode_op():
     """Our decode attention op, or None when the kernel library is not built or not loadable here."""
-    import torch
-
     from vllm_omni_edge.quantization.kernels import native
 
-    loaded, _ = native.load_library()
-    return torch.ops.edge_cpu.decode_attention.default if loaded else None
+    return native.edge_cpu_op("decode_attention")
 
 
 def _serves(impl, layer, query) -> bool:

@@ -37,24 +37,18 @@ RECORD = PatchRecord(
     upstream="none found",
 )
 
-def _library_op(name: str):
-    """``edge_cpu::<name>`` when the kernel library is built and loads here, else None."""
-    import torch
-
+def argmax_op():
+    """``edge_cpu::argmax_rows``: torch.argmax(x, dim=-1) of a 2-D float tensor (None: not built)."""
     from vllm_omni_edge.quantization.kernels import native
 
-    loaded, _ = native.load_library()
-    return getattr(torch.ops.edge_cpu, name).default if loaded else None
-
-
-def argmax_op():
-    """``edge_cpu::argmax_rows``: torch.argmax(x, dim=-1) of a 2-D float tensor."""
-    return _library_op("argmax_rows")
+    return native.edge_cpu_op("argmax_rows")
 
 
 def gumbel_op():
-    """``edge_cpu::gumbel_argmax``: a draw from each row's softmax, from one seed."""
-    return _library_op("gumbel_argmax")
+    """``edge_cpu::gumbel_argmax``: a draw from each row's softmax, from one seed (None: not built)."""
+    from vllm_omni_edge.quantization.kernels import native
+
+    return native.edge_cpu_op("gumbel_argmax")
 
 
 def takes(x) -> bool:

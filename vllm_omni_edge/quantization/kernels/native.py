@@ -111,6 +111,12 @@ def load_library() -> tuple[bool, str]:
     return True, f"loaded {path.name}"
 
 
+def edge_cpu_op(name: str):
+    """The op ``edge_cpu::<name>`` of our library, or None when it is not built or does not load here."""
+    loaded, _ = load_library()
+    return getattr(torch.ops.edge_cpu, name).default if loaded else None
+
+
 def _register_fake() -> None:
     """Shape-only implementation, so torch.compile can trace through the op."""
 

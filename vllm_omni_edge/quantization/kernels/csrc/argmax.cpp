@@ -182,10 +182,26 @@ Best gumbel_best(const T* row, int64_t begin, int64_t end, __m256i key) {
   return best;
 }
 
+// The shape both ops take: 2-D, rows of 1 to 2^31 - 1 elements (lane indices are int32).
+void check_rows(const char* op, const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, op, ": x must be 2-D [rows, n], got ", x.sizes());
+  TORCH_CHECK(x.size(1) > 0, op, ": rows of length 0 have no element to pick");
+  TORCH_CHECK(x.size(1) < std::numeric_limits<int32_t>::max(), op, ": rows longer than 2^31 - 1");
+}
+
+// fn(T{}) for the element type T of x, or an error naming the dtype.
+template <typename Fn>
+void on_float_rows(const char* op, const at::Tensor& x, Fn&& fn) {
+  switch (x.scalar_type()) {
+    case at::kFloat: fn(float{}); break;
+    case at::kBFloat16: fn(c10::BFloat16{}); break;
+    case at::kHalf: fn(c10::Half{}); break;
+    default: TORCH_CHECK(false, op, ": x dtype ", x.scalar_type(), " is not float32, bfloat16 or float16");
+  }
+}
+
 at::Tensor gumbel_argmax(const at::Tensor& x, int64_t seed) {
-  TORCH_CHECK(x.dim() == 2, "gumbel_argmax: x must be 2-D [rows, n], got ", x.sizes());
-  TORCH_CHECK(x.size(1) > 0, "gumbel_argmax: rows of length 0 have nothing to draw");
-  TORCH_CHECK(x.size(1) < std::numeric_limits<int32_t>::max(), "gumbel_argmax: rows longer than 2^31 - 1");
+  check_rows("gumbel_argmax", x);
   const at::Tensor xc = x.contiguous();
   const int64_t rows = xc.size(0), n = xc.size(1);
   at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
@@ -222,18 +238,12 @@ at::Tensor gumbel_argmax(const at::Tensor& x, int64_t seed) {
       op[r] = best.nan ? first_nan(xp + r * n, n) : best.index == std::numeric_limits<int32_t>::max() ? 0 : best.index;
     }
   };
-  switch (xc.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(c10::BFloat16{}); break;
-    case at::kHalf: run(c10::Half{}); break;
-    default: TORCH_CHECK(false, "gumbel_argmax: x dtype ", xc.scalar_type(), " is not float32, bfloat16 or float16");
-  }
+  on_float_rows("gumbel_argmax", xc, run);
   return out;
 }
 
 at::Tensor argmax_rows(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2, "argmax_rows: x must be 2-D [rows, n], got ", x.sizes());
-  TORCH_CHECK(x.size(1) > 0, "argmax_rows: rows of length 0 have no maximum");
+  check_rows("argmax_rows", x);
   const at::Tensor xc = x.contiguous();
   const int64_t rows = xc.size(0), n = xc.size(1);
   at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
@@ -247,12 +257,7 @@ at::Tensor argmax_rows(const at::Tensor& x) {
       for (int64_t r = begin; r < end; ++r) op[r] = argmax_row(xp + r * n, n);
     });
   };
-  switch (xc.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(c10::BFloat16{}); break;
-    case at::kHalf: run(c10::Half{}); break;
-    default: TORCH_CHECK(false, "argmax_rows: x dtype ", xc.scalar_type(), " is not float32, bfloat16 or float16");
-  }
+  on_float_rows("argmax_rows", xc, run);
   return out;
 }
 
