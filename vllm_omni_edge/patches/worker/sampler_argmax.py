@@ -6,8 +6,9 @@ calls ``edge_cpu::argmax_rows`` (``quantization/kernels/csrc/argmax.cpp``): the 
 ``torch.argmax`` (the first maximum of each row; a row's first NaN when it has one); anything
 else goes to vLLM's code. The same flag lets ``cpu_random_sample``'s eager draw run as one op of
 that library (``edge_cpu::gumbel_argmax``).
-Why: a greedy token is one argmax over the vocabulary a step; ATen's CPU argmax reduces at
-about two nanoseconds an element, so a 49k vocabulary costs several times the op's time.
+Why: a greedy token is one argmax over the vocabulary a step, and ATen's CPU argmax reduces a
+row element by element: several times the vectorized op's time (the figures are in the run
+named under Verified by's ``step_ab`` lever and ROADMAP).
 Flag: ``VLLM_OMNI_EDGE_SAMPLER_ARGMAX=0`` keeps ``torch.argmax`` (the A/B arm).
 Verified by: tests/test_sampler_argmax.py (the op against ``torch.argmax`` over dtypes,
 lengths around the vector width, ties, NaN, infinities, strided rows; the wrapper's routing;

@@ -3,8 +3,8 @@
 // from softmax(row) as the argmax of the row plus Gumbel noise made here (gumbel_argmax).
 //
 // A sampler takes one token per row from a vocabulary-wide row of logits (or of probabilities
-// divided by an exponential race). ATen's CPU argmax reduces such a row at about two
-// nanoseconds an element; eight lanes here keep their own running maximum and its index with
+// divided by an exponential race). ATen's CPU argmax reduces such a row element by element;
+// eight lanes here keep their own running maximum and its index with
 // a strict greater-than (so each lane keeps its first maximum), and the lanes are merged by
 // value, then by the smallest index: the first maximum of the row.
 #include <ATen/ATen.h>
