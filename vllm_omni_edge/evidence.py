@@ -245,6 +245,8 @@ def collect_worker_evidence(worker) -> dict:
         "attention_one_call": _attention_one_call(),
         # One-token batches attend through our decode op, not vLLM's attention op.
         "decode_attention": _decode_attention(),
+        # Decode steps through our C++ decoder stack, or why not (patches/worker/decoder_stack.py).
+        "decoder_stack": _decoder_stack(runner),
         # Compiled forwards' argument patterns called with a kept list (patches/worker/compiled_graph_args.py).
         "compiled_graph_args": _compiled_graph_args(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
@@ -296,6 +298,12 @@ def _decode_attention() -> bool:
     from vllm_omni_edge.patches.worker.cpu_attention_calls import decode_in_force
 
     return decode_in_force()
+
+
+def _decoder_stack(runner) -> dict:
+    from vllm_omni_edge.patches.worker.decoder_stack import summary
+
+    return summary(runner, make=True)
 
 
 def _compiled_graph_args() -> dict[str, int]:

@@ -40,6 +40,7 @@ SAMPLER_ARGMAX_ENV = "VLLM_OMNI_EDGE_SAMPLER_ARGMAX"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 DECODE_ATTENTION_ENV = "VLLM_OMNI_EDGE_DECODE_ATTENTION"
+DECODER_STACK_ENV = "VLLM_OMNI_EDGE_DECODER_STACK"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
@@ -122,6 +123,11 @@ def attention_one_call_enabled() -> bool:
 def decode_attention_enabled() -> bool:
     """Batches of one-token queries attend through our decode op; only with the trimmed calls."""
     return attention_calls_enabled() and envs.get(DECODE_ATTENTION_ENV)
+
+
+def decoder_stack_enabled() -> bool:
+    """Decode steps of the models it runs go through our C++ decoder stack; only with the decode op."""
+    return decode_attention_enabled() and envs.get(DECODER_STACK_ENV)
 
 
 def fused_mlp_enabled() -> bool:

@@ -50,8 +50,22 @@ class Lever:
     acted: Callable[[], bool]
 
 
+def _without_decoder_stack() -> None:
+    """Decode steps through vLLM's forward for the whole run: a lever inside the compiled forward
+    or the attention layer does not act while the decoder stack runs the decode steps."""
+    from vllm_omni_edge.patches.worker import decoder_stack
+
+    if decoder_stack.in_force():
+        from vllm.v1.worker import gpu_model_runner
+
+        runner = gpu_model_runner.GPUModelRunner
+        runner._model_forward = runner._model_forward.__wrapped__
+
+
 def _graph_args() -> Lever:
     from vllm_omni_edge.patches.worker import compiled_graph_args as patch
+
+    _without_decoder_stack()
 
     planned = patch.Memo.__call__
 
@@ -91,6 +105,7 @@ def _decode_attention() -> Lever:
 
     if not patch.decode_in_force():
         raise StepABError("the decode attention op is not in force in this process")
+    _without_decoder_stack()
     impl = cpu_attn.CPUAttentionBackendImpl
     wrapped = impl.forward
     without = patch.forward_without_decode(cpu_attn)
@@ -145,8 +160,9 @@ def run(model: str, llm_kwargs: dict[str, Any], names: list[str], rounds: int, g
     core = engine_probe.in_process_core(llm, StepABError, "the levers must switch in the process that runs the model")
     params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True, temperature=0)
     prompt = PROMPT if prompt_tokens is None else {"prompt_token_ids": prompt_ids(llm.get_tokenizer(), prompt_tokens)}
-    reference = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+    # Built before the reference request: a lever may set how every step of the run computes.
     levers = [LEVERS[name]() for name in names]
+    reference = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
     steps: dict[str, list[float]] = {"on": [], "off": []}
     state = {"n": 0}
     step_fn = core.step_fn

@@ -28,9 +28,11 @@ from vllm_omni_edge.cache_paths import cache_root
 CSRC = Path(__file__).parent / "csrc"
 # One library. The op namespace edge_cpu_int4: the AVX2 W4A8 ops, and the AVX-512 VNNI ops
 # (16-row layout, bf16 prefill, fused MLP) whose functions carry their own target attribute.
-# The namespace edge_cpu: decode attention over vLLM's CPU KV cache and a row-wise argmax
-# for the sampler (AVX2, F16C).
-SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp", CSRC / "argmax.cpp")
+# The namespace edge_cpu: decode attention over vLLM's CPU KV cache, a row-wise argmax
+# for the sampler (AVX2, F16C), and the class DecoderStack, a llama-family decoder's layers for
+# one-token queries in one call.
+SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp", CSRC / "argmax.cpp",
+           CSRC / "decoder_stack.cpp")
 HEADERS = (CSRC / "w4a8_common.h", CSRC / "widen8.h")
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is

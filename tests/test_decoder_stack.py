@@ -1,0 +1,344 @@
+"""Our C++ decoder stack computes a decode step's layers as vLLM's native ops do, and the runner
+sends exactly the one-token steps of a model it can run to it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from tests.conftest import vllm_env
+from tests.quantization.helpers import int4_layer, relative_error
+from vllm_omni_edge.patches.worker import decoder_stack as patch
+from vllm_omni_edge.quantization.kernels import native
+from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Rows8Kernel
+
+LOADED, WHY = native.load_library()
+pytestmark = pytest.mark.skipif(not LOADED or patch.stack_class() is None,
+                                reason=f"decoder stack unavailable: {WHY}")
+
+GROUP = 32
+
+
+def _rows8(N, K, dtype, seed):
+    layer, _ = int4_layer(N, K, GROUP, dtype, seed)
+    Avx2W4A8Rows8Kernel().process_weights(layer)
+    return layer
+
+
+class _Model:
+    """A random llama-family decoder (cpu_int4 rows8 linears) and its paged KV caches."""
+
+    def __init__(self, dtype, layers, heads, kv_heads, head, inter, bias, neox=True, blocks=24, block=16,
+                 positions=512, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        H = heads * head
+        self.dtype, self.heads, self.kv_heads, self.head, self.neox, self.eps = dtype, heads, kv_heads, head, neox, 1e-5
+        self.layers = []
+        for i in range(layers):
+            s = seed + 10 * i
+            self.layers.append(dict(
+                in_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(dtype),
+                post_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(dtype),
+                qkv=_rows8((heads + 2 * kv_heads) * head, H, dtype, s + 1),
+                bias=(0.1 * torch.randn((heads + 2 * kv_heads) * head, generator=g)).to(dtype) if bias else None,
+                out=_rows8(H, H, dtype, s + 2),
+                gate_up=_rows8(2 * inter, H, dtype, s + 3),
+                down=_rows8(H, inter, dtype, s + 4),
+                kv=(0.5 * torch.randn(blocks, kv_heads, block, 2 * head, generator=g)).to(dtype),
+            ))
+        self.final_norm = (1 + 0.1 * torch.randn(H, generator=g)).to(dtype)
+        inv = 1.0 / (10000 ** (torch.arange(0, head, 2).float() / head))
+        freqs = torch.outer(torch.arange(positions).float(), inv)
+        self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
+        self.block, self.blocks = block, blocks
+
+    def stack(self, windows=None):
+        weights = []
+        for layer in self.layers:
+            for name in ("in_norm", "qkv", "bias", "out", "post_norm", "gate_up", "down"):
+                v = layer[name]
+                if name in ("qkv", "out", "gate_up", "down"):
+                    weights += [v.qweight.data, v.scales.data, v.zeros.data]
+                elif name == "bias":
+                    weights.append(v if v is not None else torch.empty(0, dtype=self.dtype))
+                else:
+                    weights.append(v)
+        windows = windows or [-1] * len(self.layers)
+        return patch.stack_class()(weights, [layer["kv"] for layer in self.layers], windows, self.final_norm,
+                                   self.cos_sin, self.heads, self.kv_heads, self.head, GROUP, self.eps,
+                                   self.head ** -0.5, self.neox)
+
+    def batch(self, lens, seed=1):
+        """Block tables, the new tokens' slots, positions and hidden inputs for one decode step."""
+        g = torch.Generator().manual_seed(seed)
+        per_request = max((n + self.block - 1) // self.block for n in lens)
+        table = torch.randperm(self.blocks, generator=g)[: len(lens) * per_request].to(torch.int32)
+        table = table.view(len(lens), per_request)
+        slots = torch.tensor([int(table[r, (n - 1) // self.block]) * self.block + (n - 1) % self.block
+                              for r, n in enumerate(lens)])
+        positions = torch.tensor([n - 1 for n in lens])
+        x = torch.randn(len(lens), self.heads * self.head, generator=g).to(self.dtype)
+        return x, positions, slots, table, torch.tensor(lens, dtype=torch.int32)
+
+
+def _reference(model, x, positions, slots, table, seq_lens, windows=None):
+    """The step as vLLM's native ops compute it, the linears and attention by the same ops;
+    on copies of the KV caches. (final hidden, caches)."""
+    from vllm.ir.ops.layernorm import fused_add_rms_norm, rms_norm
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    mm = torch.ops.edge_cpu_int4.w4a8_avx2_rows8_mm
+    heads, kv_heads, head = model.heads, model.kv_heads, model.head
+    q_size, kv_size = heads * head, kv_heads * head
+    caches = [layer["kv"].clone() for layer in model.layers]
+    residual, h = None, x
+    for i, layer in enumerate(model.layers):
+        if residual is None:
+            residual, h = h, rms_norm(h, layer["in_norm"], model.eps)
+        else:
+            h, residual = fused_add_rms_norm(h, residual, layer["in_norm"], model.eps)
+        lin = layer["qkv"]
+        qkv = mm(h, lin.qweight, lin.scales, lin.zeros, GROUP)
+        if layer["bias"] is not None:
+            qkv = qkv + layer["bias"]
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q, k = RotaryEmbedding.forward_static(positions, q, k, head, head, model.cos_sin, model.neox)
+        out = torch.empty(x.shape[0], q_size, dtype=x.dtype)
+        window = windows[i] if windows else -1
+        torch.ops.edge_cpu.decode_attention(q.reshape(-1, heads, head), k.reshape(-1, kv_heads, head),
+                                            v.reshape(-1, kv_heads, head), caches[i], out, slots, table, seq_lens,
+                                            head ** -0.5, window, True)
+        lin = layer["out"]
+        h = mm(out, lin.qweight, lin.scales, lin.zeros, GROUP)
+        h, residual = fused_add_rms_norm(h, residual, layer["post_norm"], model.eps)
+        lin = layer["gate_up"]
+        gu = mm(h, lin.qweight, lin.scales, lin.zeros, GROUP)
+        inter = gu.shape[-1] // 2
+        a = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(x.dtype)
+        lin = layer["down"]
+        h = mm(a, lin.qweight, lin.scales, lin.zeros, GROUP)
+    h, _ = fused_add_rms_norm(h, residual, model.final_norm, model.eps)
+    return h, caches
+
+
+def _written(cache, slots, block, head):
+    """The keys and values in ``slots`` of a cache [blocks, kv heads, block, 2 * head]: per (block,
+    kv head) keys as [head][block positions], then values as [block positions][head]."""
+    blocks, kv_heads = cache.shape[:2]
+    halves = cache.view(blocks, kv_heads, 2, block * head)
+    keys = halves[:, :, 0].view(blocks, kv_heads, head, block)
+    values = halves[:, :, 1].view(blocks, kv_heads, block, head)
+    b, p = slots // block, slots % block
+    return keys[b, :, :, p], values[b, :, p, :]
+
+
+SHAPES = [  # layers, heads, kv heads, head, intermediate, qkv bias, neox, sequence lengths
+    (1, 9, 3, 64, 512, False, True, [40]),  # SmolLM2's attention shape, one request
+    (1, 6, 2, 32, 384, True, True, [1, 17, 60]),  # Qwen2's bias, requests at block edges
+    (1, 4, 4, 32, 256, False, False, [5, 33]),  # no grouping, GPT-J style rotation
+    (3, 9, 3, 64, 512, False, True, [40, 3]),
+    (3, 6, 2, 32, 384, True, False, [1, 17, 60]),
+]
+# The first layer's keys and values: the same ops and roundings up to the order of float32 sums.
+KV_TIGHT = {torch.bfloat16: 1e-2, torch.float32: 1e-5}
+# Anything after a linear's input: each linear quantizes its input to int8 per block of 32, and a
+# rounding that flips there (a float32 sum ordered otherwise is enough) moves its output by up to
+# half a step of that block; the differences grow with depth. A wrong step is far outside these
+# (test_a_wrong_rotation_or_residual_is_far_outside).
+OUT = {torch.bfloat16: 2e-2, torch.float32: 5e-3}
+DEEP = 6e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"L{s[0]}-{s[1]}x{s[2]}x{s[3]}-bias{int(s[5])}-neox{int(s[6])}")
+def test_the_stack_computes_the_layers_as_vllms_native_ops(dtype, shape):
+    layers, heads, kv_heads, head, inter, bias, neox, lens = shape
+    model = _Model(dtype, layers, heads, kv_heads, head, inter, bias, neox)
+    x, positions, slots, table, seq_lens = model.batch(lens)
+    want, want_caches = _reference(model, x, positions, slots, table, seq_lens)
+    got = model.stack().forward(x, positions, slots, table, seq_lens)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert relative_error(got, want) < (OUT[dtype] if layers == 1 else DEEP)
+    for i, (layer, cache) in enumerate(zip(model.layers, want_caches)):
+        for ours, theirs in zip(_written(layer["kv"], slots, model.block, head),
+                                _written(cache, slots, model.block, head)):
+            assert relative_error(ours, theirs) < (KV_TIGHT[dtype] if i == 0 else DEEP)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_wrong_rotation_or_residual_is_far_outside(dtype):
+    model = _Model(dtype, 3, 9, 3, 64, 512, True, True)
+    x, positions, slots, table, seq_lens = model.batch([40, 3])
+    want, want_caches = _reference(model, x, positions, slots, table, seq_lens)
+    keys = _written(want_caches[0], slots, model.block, model.head)[0]
+    model.neox = False
+    model.stack().forward(x, positions, slots, table, seq_lens)
+    assert relative_error(_written(model.layers[0]["kv"], slots, model.block, model.head)[0], keys) > 10 * KV_TIGHT[dtype]
+    # The final norm's weight left out: what a lost residual or norm step looks like at the output.
+    model.neox = True
+    model.final_norm = torch.ones_like(model.final_norm)
+    wrong = model.stack().forward(x, positions, slots, table, seq_lens)
+    assert relative_error(wrong, want) > DEEP
+
+
+def test_the_stack_writes_only_the_new_tokens_slots():
+    model = _Model(torch.float32, 2, 4, 2, 32, 128, False)
+    before = [layer["kv"].clone() for layer in model.layers]
+    x, positions, slots, table, seq_lens = model.batch([7, 20])
+    model.stack().forward(x, positions, slots, table, seq_lens)
+    block, head = model.block, model.head
+    for layer, old in zip(model.layers, before):
+        # Per (block, kv head): keys as [head][block positions], then values as [block positions][head].
+        blocks, kv_heads = old.shape[:2]
+        changed = (layer["kv"] != old).view(blocks, kv_heads, 2, block * head)
+        keys = changed[:, :, 0].view(blocks, kv_heads, head, block).any(dim=2)
+        values = changed[:, :, 1].view(blocks, kv_heads, block, head).any(dim=3)
+        written = {(int(b), int(p)) for b, _, p in (keys | values).nonzero()}
+        assert written == {(int(s) // block, int(s) % block) for s in slots}
+
+
+def test_a_sliding_window_is_passed_to_each_layer():
+    model = _Model(torch.float32, 2, 4, 2, 32, 128, False, blocks=40)
+    x, positions, slots, table, seq_lens = model.batch([300])
+    windows = [-1, 50]
+    want, _ = _reference(model, x, positions, slots, table, seq_lens, windows)
+    unwindowed, _ = _reference(model, x, positions, slots, table, seq_lens)
+    got = model.stack(windows).forward(x, positions, slots, table, seq_lens)
+    assert relative_error(got, want) < 1e-5
+    assert relative_error(got, unwindowed) > 1e-3
+
+
+def test_bad_input_is_refused_with_the_reason():
+    model = _Model(torch.float32, 1, 4, 2, 32, 128, False)
+    x, positions, slots, table, seq_lens = model.batch([10])
+    stack = model.stack()
+    with pytest.raises(RuntimeError, match="outside the rotary table"):
+        stack.forward(x, torch.tensor([10_000]), slots, table, seq_lens)
+    with pytest.raises(RuntimeError, match="the model's weights"):
+        stack.forward(x.bfloat16(), positions, slots, table, seq_lens)
+    with pytest.raises(RuntimeError, match="one int64 position and one sequence length a token"):
+        stack.forward(x, positions, slots, table, torch.tensor([10, 11], dtype=torch.int32))
+    cls = patch.stack_class()
+    with pytest.raises(RuntimeError, match="tensors a layer"):
+        cls([model.final_norm], [model.layers[0]["kv"]], [-1], model.final_norm, model.cos_sin, 4, 2, 32, GROUP,
+            1e-5, 0.1, True)
+
+
+# ---- The runner's side ----
+
+def _metadata(**over):
+    md = dict(max_query_len=1, causal=True, dynamic_causal=None, num_actual_tokens=2,
+              seq_lens=torch.tensor([5, 9], dtype=torch.int32))
+    md.update(over)
+    return types.SimpleNamespace(**md)
+
+
+@pytest.mark.parametrize("case,expected", [
+    ("decode", True), ("prefill", False), ("padded", False), ("two groups", False), ("no metadata", False),
+    ("not causal", False),
+])
+def test_only_one_token_steps_with_one_metadata_take_the_stack(monkeypatch, case, expected):
+    import vllm.forward_context as fc
+
+    md = _metadata(**({"max_query_len": 7} if case == "prefill" else {}),
+                   **({"causal": False} if case == "not causal" else {}))
+    metadata = {"layers.0.attn": md, "layers.1.attn": md if case != "two groups" else _metadata()}
+    if case == "no metadata":
+        metadata = None
+    monkeypatch.setattr(fc, "get_forward_context", lambda: types.SimpleNamespace(attn_metadata=metadata))
+    stack = types.SimpleNamespace(first_layer="layers.0.attn", last_layer="layers.1.attn")
+    ids = torch.zeros(3 if case == "padded" else 2, dtype=torch.long)
+    assert (patch.decode_metadata(stack, ids) is md) is expected
+
+
+def test_a_rebound_kv_cache_or_new_weights_make_the_stack_again(monkeypatch):
+    made = []
+
+    def fake_plan(runner):
+        first = runner.layers[0]
+        made.append(1)
+        return patch.Stack(None, None, ["a"], first.self_attn.attn.kv_cache, first.self_attn.qkv_proj.qweight,
+                           runner.layers)
+
+    monkeypatch.setattr(patch, "plan", fake_plan)
+    attn = types.SimpleNamespace(attn=types.SimpleNamespace(kv_cache=torch.zeros(1)),
+                                 qkv_proj=types.SimpleNamespace(qweight=torch.zeros(1)))
+    runner = types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=attn)])
+    first = patch._current(runner)
+    assert patch._current(runner) is first and len(made) == 1
+    attn.attn.kv_cache = torch.zeros(1)
+    assert patch._current(runner) is not first and len(made) == 2
+    attn.qkv_proj.qweight = torch.zeros(1)
+    patch._current(runner)
+    assert len(made) == 3
+
+
+def test_a_model_it_cannot_run_keeps_its_reason(monkeypatch):
+    def refuse(runner):
+        raise patch.Unsupported("layer 0 runs int4pack, not avx2_w4a8_rows8")
+
+    monkeypatch.setattr(patch, "plan", refuse)
+    runner = types.SimpleNamespace()
+    assert patch._current(runner) is None
+    assert patch._current(runner) is None
+    assert runner.__dict__[patch._STATE_ATTR] == "layer 0 runs int4pack, not avx2_w4a8_rows8"
+
+
+def test_wrapped_once():
+    from vllm.v1.worker import gpu_model_runner
+
+    patch._wrap(gpu_model_runner)
+    first = gpu_model_runner.GPUModelRunner._model_forward
+    patch._wrap(gpu_model_runner)
+    assert gpu_model_runner.GPUModelRunner._model_forward is first
+    assert patch.in_force()
+
+
+def test_flag_keeps_vllms_forward(monkeypatch):
+    monkeypatch.setenv("VLLM_OMNI_EDGE_DECODER_STACK", "0")
+    assert "flag" in patch.apply()
+    monkeypatch.setenv("VLLM_OMNI_EDGE_DECODER_STACK", "1")
+    monkeypatch.setenv("VLLM_OMNI_EDGE_DECODE_ATTENTION", "0")
+    assert "flag" in patch.apply()
+
+
+PROBE = (
+    "import json, sys\n"
+    "from vllm import LLM, SamplingParams\n"
+    "from vllm_omni_edge.patches.worker import decoder_stack as d\n"
+    "llm = LLM(model=sys.argv[1], max_model_len=512)\n"
+    "runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner\n"
+    "sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)\n"
+    "prompts = ['The capital of France is', 'One, two, three,']\n"
+    "stack = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]\n"
+    "summary = d.summary(runner)\n"
+    "runner.__dict__[d._STATE_ATTR] = 'off in this test'\n"
+    "vllm = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]\n"
+    "text = llm.get_tokenizer().decode(stack[0])\n"
+    "print('PROBE-RESULT ' + json.dumps({'stack': [list(t) for t in stack], 'vllm': [list(t) for t in vllm],"
+    " 'summary': summary, 'text': text}))\n"
+)
+
+
+@pytest.mark.e2e
+def test_the_default_model_decodes_through_the_stack():
+    from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model
+
+    model = pull_cpu_int4_model(DEFAULT_MODEL)
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(model)], capture_output=True, text=True,
+                          timeout=900, env=vllm_env())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("PROBE-RESULT "))
+    summary = result["summary"]
+    # Two requests of 24 tokens decoded together: 23 steps after the prefill.
+    assert summary["on"] and summary["layers"] == 30 and summary["steps"] >= 23, summary
+    assert "Paris" in result["text"]
+    # vLLM's compiled forward rounds in other places; the tokens agree until a near-tie.
+    for stack, vllm in zip(result["stack"], result["vllm"]):
+        assert stack[:8] == vllm[:8], result
