@@ -3,15 +3,12 @@ and only calls the plan explains skip that path."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.conftest import vllm_env
+from tests.e2e.probe import run_script_probe
 from vllm_omni_edge.patches.worker import compiled_graph_args as patch
 from vllm_omni_edge.patches.worker.compiled_graph_args import Observation, Unexplained
 
@@ -235,11 +232,8 @@ def test_the_default_model_decodes_the_same_tokens_from_the_kept_arguments():
     from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model
 
     model = pull_cpu_int4_model(DEFAULT_MODEL)
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(model)], capture_output=True, text=True,
-                          timeout=900, env=vllm_env())
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("PROBE-RESULT "))
+    # Decode steps through the compiled forward: the decoder stack would take them.
+    result = run_script_probe(PROBE, str(model), VLLM_OMNI_EDGE_DECODER_STACK="0")
     # A start that compiled (guards on) plans as well as one that loaded the cache (guards off).
     assert "plan" in result["states"], result
     assert result["planned"] == result["dynamo"]

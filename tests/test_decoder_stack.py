@@ -3,15 +3,12 @@ sends exactly the one-token steps of a model it can run to it."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import types
 
 import pytest
 import torch
 
-from tests.conftest import vllm_env
+from tests.e2e.probe import run_script_probe
 from tests.quantization.helpers import int4_layer, relative_error
 from vllm_omni_edge.patches.worker import decoder_stack as patch
 from vllm_omni_edge.quantization.kernels import native
@@ -330,11 +327,7 @@ def test_the_default_model_decodes_through_the_stack():
     from vllm_omni_edge.models.default_model import DEFAULT_MODEL, pull_cpu_int4_model
 
     model = pull_cpu_int4_model(DEFAULT_MODEL)
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(model)], capture_output=True, text=True,
-                          timeout=900, env=vllm_env())
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("PROBE-RESULT "))
+    result = run_script_probe(PROBE, str(model))
     summary = result["summary"]
     # Two requests of 24 tokens decoded together: 23 steps after the prefill.
     assert summary["on"] and summary["layers"] == 30 and summary["steps"] >= 23, summary

@@ -1,4 +1,5 @@
-"""Start ``llm_probe.py`` with an evidence directory and read back what vLLM did."""
+"""Start ``llm_probe.py`` with an evidence directory and read back what vLLM did; or run a
+probe script of a test's own and read back the JSON it printed."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ def run_probe(model: Path, evidence: Path, llm_kwargs=None, timeout=600, **env) 
     load = lambda pattern: [json.loads(p.read_text()) for p in sorted(evidence.glob(pattern))]  # noqa: E731
     return ProbeRun(proc.returncode, text, load("process-*.json"), load("worker-*.json"),
                     proc.stdout[-4000:] + proc.stderr[-8000:])
+
+
+def run_script_probe(code: str, *args: str, timeout: int = 900, **env: str) -> dict:
+    """Run ``code`` (Python that prints one ``PROBE-RESULT <json>`` line) in a fresh interpreter with
+    ``args`` as its argv and ``env`` added; the printed JSON. Fails the test with the child's stderr
+    if it printed none."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                          env=vllm_env(**env))
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE-RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("PROBE-RESULT "))
