@@ -4,7 +4,8 @@
         [--llm-kwargs '{"max_model_len": 512}'] [--rounds 5] [--gen-tokens 128] [--out DIR]
 
 Builds ``LLM(model=CKPT, **llm_kwargs)`` in this process as the user's command does (no
-environment flags; the plugin's default one-process layout) and decodes greedy requests of
+environment flags; the plugin's default one-process layout), with decode steps through vLLM's
+compiled forward (the decoder stack, which would run them, switched off), and decodes greedy requests of
 ``--gen-tokens`` tokens. Four arms, interleaved round by round in the one engine:
 
 - ``real``: nothing stubbed;
@@ -151,6 +152,8 @@ def run(model: str, llm_kwargs: dict[str, Any], rounds: int, gen_tokens: int) ->
 
     llm = LLM(model=model, **llm_kwargs)
     core = engine_probe.in_process_core(llm, DecomposeError, "the stubs must be in the process that runs the model")
+    # What it decomposes is vLLM's compiled forward.
+    engine_probe.without_decoder_stack()
     runner = core.model_executor.driver_worker.worker.model_runner
     model_module = runner.model
     times: Counter[str] = Counter()

@@ -3,8 +3,9 @@
 ``decode_decompose`` and ``step_ab`` each build ``LLM(model=CKPT, **llm_kwargs)`` in their own
 process as the README's command does and time its engine steps. This module holds the options
 they both take (``--model``, ``--llm-kwargs``, ``--rounds``, ``--gen-tokens``, ``--out``) with
-their checks, the lookup of the engine core that runs in the calling process, and the atomic
-write of a ``<stem>.json`` + ``<stem>.md`` artifact.
+their checks, the lookup of the engine core that runs in the calling process, the switch that
+sends decode steps back through vLLM's compiled forward, and the atomic write of a
+``<stem>.json`` + ``<stem>.md`` artifact.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def parse(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if out.exists() and any(out.iterdir()):
         parser.error(f"{out} is not empty; artifacts are never overwritten")
     return model, llm_kwargs, out
+
+
+def without_decoder_stack() -> bool:
+    """Decode steps through vLLM's compiled forward for the rest of this process (whether the
+    decoder stack was in force): a tool that stubs or switches something inside that forward
+    measures nothing while the stack runs the decode steps."""
+    from vllm_omni_edge.patches.worker import decoder_stack
+
+    if not decoder_stack.in_force():
+        return False
+    from vllm.v1.worker import gpu_model_runner
+
+    runner = gpu_model_runner.GPUModelRunner
+    runner._model_forward = runner._model_forward.__wrapped__
+    return True
 
 
 def in_process_core(llm, error: type[Exception], why: str):

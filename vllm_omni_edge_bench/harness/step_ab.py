@@ -50,22 +50,10 @@ class Lever:
     acted: Callable[[], bool]
 
 
-def _without_decoder_stack() -> None:
-    """Decode steps through vLLM's forward for the whole run: a lever inside the compiled forward
-    or the attention layer does not act while the decoder stack runs the decode steps."""
-    from vllm_omni_edge.patches.worker import decoder_stack
-
-    if decoder_stack.in_force():
-        from vllm.v1.worker import gpu_model_runner
-
-        runner = gpu_model_runner.GPUModelRunner
-        runner._model_forward = runner._model_forward.__wrapped__
-
-
 def _graph_args() -> Lever:
     from vllm_omni_edge.patches.worker import compiled_graph_args as patch
 
-    _without_decoder_stack()
+    engine_probe.without_decoder_stack()
 
     planned = patch.Memo.__call__
 
@@ -105,7 +93,7 @@ def _decode_attention() -> Lever:
 
     if not patch.decode_in_force():
         raise StepABError("the decode attention op is not in force in this process")
-    _without_decoder_stack()
+    engine_probe.without_decoder_stack()
     impl = cpu_attn.CPUAttentionBackendImpl
     wrapped = impl.forward
     without = patch.forward_without_decode(cpu_attn)
