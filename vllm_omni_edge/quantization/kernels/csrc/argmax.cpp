@@ -13,7 +13,7 @@
 
 #include <immintrin.h>
 
-#include "widen8.h"
+#include "convert8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,7 +23,7 @@
 
 namespace {
 
-using edge_cpu_widen::load8;
+using edge_cpu_convert::load8;
 
 template <typename T>
 int64_t first_nan(const T* row, int64_t n) {

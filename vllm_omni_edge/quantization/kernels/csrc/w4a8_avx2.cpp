@@ -27,7 +27,8 @@
 
 #include <immintrin.h>
 
-#include "widen8.h"
+#include "avx2_math.h"
+#include "convert8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +36,7 @@
 namespace {
 
 using namespace edge_cpu_int4;
+using edge_cpu_math::horizontal_sum;
 
 // Weight rows per chunk: 16 rows of K = 8960 are 70 KiB, inside a 512 KiB L2.
 constexpr int64_t kWeightChunk = 16;
@@ -77,13 +79,6 @@ inline __m256i unpack_block(const uint8_t* p) {
   const __m128i even = _mm_and_si128(packed, low4);
   const __m128i odd = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
   return _mm256_set_m128i(odd, even);
-}
-
-inline float horizontal_sum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // Asks for `rows` weight rows, with their scales and offsets, starting `ahead` rows past w.
@@ -208,7 +203,7 @@ at::Tensor w4a8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 
 // ---- The 8-row interleaved layout ----
 
-using edge_cpu_widen::load8;
+using edge_cpu_convert::load8;
 inline __m256 load8(const double* x) {
   return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(x + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(x)));
 }
