@@ -11,6 +11,7 @@ import torch
 from tests.e2e.probe import run_script_probe
 from tests.quantization.helpers import int4_layer, relative_error
 from vllm_omni_edge.patches.worker import decoder_stack as patch
+from vllm_omni_edge.quantization.embedding import lookup_int8
 from vllm_omni_edge.quantization.kernels import native
 from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Rows8Kernel
 
@@ -259,7 +260,7 @@ def test_a_rebound_kv_cache_or_new_weights_make_the_stack_again(monkeypatch):
     def fake_plan(runner):
         first = runner.layers[0]
         made.append(1)
-        return patch.Stack(None, None, ["a"], first.self_attn.attn.kv_cache, first.self_attn.qkv_proj.qweight,
+        return patch.Stack(None, None, "", ["a"], first.self_attn.attn.kv_cache, first.self_attn.qkv_proj.qweight,
                            runner.layers)
 
     monkeypatch.setattr(patch, "plan", fake_plan)
@@ -284,6 +285,62 @@ def test_a_model_it_cannot_run_keeps_its_reason(monkeypatch):
     assert patch._current(runner) is None
     assert patch._current(runner) is None
     assert runner.__dict__[patch._STATE_ATTR] == "layer 0 runs int4pack, not avx2_w4a8_rows8"
+
+
+def _embedding_table(fmt="int8", vocab=50, hidden=64):
+    """A VocabParallelEmbedding in cpu_int4's int8 format (tensor parallel 1), without a vLLM config."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+
+    gen = torch.Generator().manual_seed(3)
+    table = VocabParallelEmbedding.__new__(VocabParallelEmbedding)
+    torch.nn.Module.__init__(table)
+    table.tp_size = 1
+    table.quant_method = CpuInt4EmbeddingMethod(GROUP, True, "model.embed_tokens", fmt=fmt)
+    table.qweight = torch.nn.Parameter(torch.randint(-128, 128, (vocab, hidden), dtype=torch.int8, generator=gen),
+                                       requires_grad=False)
+    table.scales = torch.nn.Parameter(torch.rand(vocab, 1, generator=gen).to(torch.bfloat16) / 50,
+                                      requires_grad=False)
+    table.int4_act_dtype = torch.bfloat16
+    return table
+
+
+def _inner(table):
+    from vllm.model_executor.models import llama
+
+    inner = type("Inner", (), {"embed_input_ids": llama.LlamaModel.embed_input_ids})()
+    inner.embed_tokens = table
+    return inner
+
+
+def test_an_int8_embedding_is_looked_up_by_one_op_with_the_same_values():
+    table = _embedding_table()
+    embed, how = patch.embedding_lookup(_inner(table))
+    assert how == "edge_cpu::embedding_int8_rows"
+    for ids in (torch.tensor([0, 49, 7]), torch.tensor([[5, 6], [7, 8]], dtype=torch.int32), torch.tensor([12])):
+        expected = table.quant_method.embedding(table, ids.long())  # what VocabParallelEmbedding.forward runs
+        got = embed(ids)
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    op = native.edge_cpu_op("embedding_int8_rows")
+    for dtype in (torch.float16, torch.float32):
+        ids = torch.tensor([1, 2, 3])
+        assert torch.equal(op(ids, table.qweight.data, table.scales.data, dtype),
+                           lookup_int8(ids, table.qweight.data, table.scales.data, dtype))
+    with pytest.raises(RuntimeError, match="token id 50 is outside the vocabulary of 50"):
+        embed(torch.tensor([50]))
+    with pytest.raises(RuntimeError, match="codes must be a contiguous int8"):
+        op(torch.tensor([1]), table.qweight.data.float(), table.scales.data, torch.bfloat16)
+
+
+def test_other_embeddings_keep_the_models_lookup():
+    assert patch.embedding_lookup(_inner(_embedding_table(fmt="int4")))[1] == "the model's embed_input_ids"
+    table = _embedding_table()
+    table.weight = torch.nn.Parameter(torch.zeros(50, 64), requires_grad=False)  # online, before processing
+    assert patch.embedding_lookup(_inner(table))[1] == "the model's embed_input_ids"
+    table = _embedding_table()
+    table.tp_size = 2
+    assert patch.embedding_lookup(_inner(table))[1] == "the model's embed_input_ids"
 
 
 def test_wrapped_once():
@@ -331,6 +388,7 @@ def test_the_default_model_decodes_through_the_stack():
     summary = result["summary"]
     # Two requests of 24 tokens decoded together: 23 steps after the prefill.
     assert summary["on"] and summary["layers"] == 30 and summary["steps"] >= 23, summary
+    assert summary["embedding"] == "edge_cpu::embedding_int8_rows", summary
     assert "Paris" in result["text"]
     # vLLM's compiled forward rounds in other places; the tokens agree until a near-tie.
     for stack, vllm in zip(result["stack"], result["vllm"]):

@@ -2,7 +2,8 @@
 
 What: wraps ``GPUModelRunner._model_forward`` (the CPU runner inherits it). When every query
 of the step is one token and the model is one this stack can run, the step embeds its tokens
-and calls ``edge_cpu.DecoderStack.forward`` (``quantization/kernels/csrc/decoder_stack.cpp``)
+(a cpu_int4 int8 input embedding with one op call, ``embedding_lookup``; any other through the
+model's ``embed_input_ids``) and calls ``edge_cpu.DecoderStack.forward`` (``quantization/kernels/csrc/decoder_stack.cpp``)
 instead of vLLM's compiled forward: per layer RMSNorm with the residual add, the QKV linear
 (and its bias), the rotary embedding, our decode attention op, the output linear, the second
 norm, gate/up, SiLU-and-multiply and down, then the final norm; the same ops the compiled graph
@@ -72,9 +73,10 @@ class Unsupported(Exception):
 class Stack:
     """The C++ stack for one model, with what the step needs to check and call it."""
 
-    def __init__(self, op, embed, layer_names, kv_cache, codes, layers):
+    def __init__(self, op, embed, embedding, layer_names, kv_cache, codes, layers):
         self.op = op
         self.embed = embed
+        self.embedding = embedding  # how embed looks tokens up, for the evidence
         self.first_layer = layer_names[0]
         self.last_layer = layer_names[-1]
         self.kv_cache = kv_cache  # layer 0's, to notice a rebound cache
@@ -118,6 +120,29 @@ def _linear(module, where, bias_allowed=False):
     if scales.dtype != torch.bfloat16 or offsets.dtype != torch.bfloat16:
         raise Unsupported(f"{where}'s scales are not bf16")
     return codes.data, scales.data, offsets.data, module.int4_group_size, bias
+
+
+def embedding_lookup(inner):
+    """(embed, how): the token lookup the stack's steps use. A cpu_int4 int8 input embedding
+    (one table, tensor parallel 1, vLLM's own ``embed_input_ids``) is read by
+    ``edge_cpu::embedding_int8_rows`` (the same values as ``embedding.lookup_int8``, in one call);
+    any other by the model's ``embed_input_ids``."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.models import llama, qwen2
+
+    from vllm_omni_edge.quantization.embedding import CpuInt4EmbeddingMethod
+    from vllm_omni_edge.quantization.kernels import native
+
+    table = getattr(inner, "embed_tokens", None)
+    method = getattr(table, "quant_method", None)
+    op = native.edge_cpu_op("embedding_int8_rows")
+    if (op is None or not _same_method(inner, "embed_input_ids", llama.LlamaModel, qwen2.Qwen2Model)
+            or type(table) is not VocabParallelEmbedding or table.tp_size != 1
+            or type(method) is not CpuInt4EmbeddingMethod or method.fmt != "int8"
+            or "weight" in table._parameters):
+        return inner.embed_input_ids, "the model's embed_input_ids"
+    codes, scales, dtype = table.qweight.data, table.scales.data, table.int4_act_dtype
+    return (lambda ids: op(ids, codes, scales, dtype)), "edge_cpu::embedding_int8_rows"
 
 
 def _norm(module, where, rms_norm_cls):
@@ -223,7 +248,8 @@ def plan(runner):
     heads, kv_heads, head, scale, neox = shape
     op = cls(weights, caches, windows, final_norm, cos_sin.contiguous(), heads, kv_heads, head, group_size,
              float(eps), scale, neox)
-    return Stack(op, inner.embed_input_ids, names, caches[0], layers[0].self_attn.qkv_proj.qweight, layers)
+    embed, embedding = embedding_lookup(inner)
+    return Stack(op, embed, embedding, names, caches[0], layers[0].self_attn.qkv_proj.qweight, layers)
 
 
 def _current(runner):
@@ -305,7 +331,7 @@ def summary(runner, make: bool = False) -> dict:
         _current(runner)
     state = runner.__dict__.get(_STATE_ATTR)
     if isinstance(state, Stack):
-        return {"on": True, "layers": len(state.layers), "steps": state.steps}
+        return {"on": True, "layers": len(state.layers), "steps": state.steps, "embedding": state.embedding}
     return {"on": False, "reason": state if isinstance(state, str) else "no decode step yet"}
 
 

@@ -32,7 +32,7 @@ CSRC = Path(__file__).parent / "csrc"
 # for the sampler (AVX2, F16C), and the class DecoderStack, a llama-family decoder's layers for
 # one-token queries in one call.
 SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp", CSRC / "argmax.cpp",
-           CSRC / "decoder_stack.cpp")
+           CSRC / "decoder_stack.cpp", CSRC / "embedding_rows.cpp")
 HEADERS = (CSRC / "w4a8_common.h", CSRC / "convert8.h", CSRC / "avx2_math.h")
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
