@@ -142,6 +142,24 @@ def test_zero_rows_and_bias_and_3d(kernel_cls):
 
 
 @needs_op
+@pytest.mark.parametrize("kernel_cls", W4A8_KERNELS)
+def test_a_2d_eager_call_gives_the_general_paths_result(kernel_cls):
+    layer, _ = int4_layer(64, 128, 32, torch.bfloat16, seed=4)
+    kernel = kernel_cls()
+    kernel.process_weights(layer)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    bias = torch.randn(64).to(torch.bfloat16)
+    for b in (None, bias):
+        # A 3-D input takes the general path (reshape, dense-copy check, reshape back).
+        assert torch.equal(kernel.apply(layer, x, b), kernel.apply(layer, x.unsqueeze(0), b).squeeze(0))
+    strided = torch.randn(128, 3).to(torch.bfloat16).t()  # [3, 128], not contiguous
+    assert not strided.is_contiguous()
+    assert torch.equal(kernel.apply(layer, strided, None), kernel.apply(layer, strided.contiguous(), None))
+    with pytest.raises(RuntimeError, match="K=64"):
+        kernel.apply(layer, torch.randn(1, 64).to(torch.bfloat16), None)
+
+
+@needs_op
 def test_avx2_runs_on_the_stored_weights_without_a_copy():
     _, _, layer, _, stored = run(64, 256, 32, 1, kernel_cls=Avx2W4A8Kernel)
     assert layer.qweight.data_ptr() == layer.loaded_at[0] and torch.equal(layer.qweight, stored[0])

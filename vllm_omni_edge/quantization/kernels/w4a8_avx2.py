@@ -68,6 +68,14 @@ class Avx2W4A8Kernel(Int4Kernel):
         return torch.ops.edge_cpu_int4.w4a8_mm
 
     def apply(self, layer, x, bias):
+        params = layer._parameters
+        if x.dim() == 2 and "dense_weight" not in params and not torch.compiler.is_compiling():
+            # The common eager call (a [tokens, K] input, no dense copy) with the parameters read from
+            # the module's dict: a decode step calls the head this way, outside the compiled graph,
+            # and each nn.Module attribute lookup is Python time on the step. A graph being traced
+            # takes the general path below, as before.
+            out = self.op()(x, params["qweight"], params["scales"], params["zeros"], layer.int4_group_size)
+            return out if bias is None else out + bias
         x2 = as_2d(x, layer.int4_in_features)
         out = dense_prefill(layer, x2)
         if out is None:
