@@ -54,12 +54,17 @@ def _vllm(kv_cache, table, query, key, value, seq_lens, slots, isa, window=-1):
     return kv_cache, out
 
 
-def _ours(kv_cache, table, query, key, value, seq_lens, slots, window=-1, write=True):
+def _ours(kv_cache, table, query, key, value, seq_lens, slots, window=-1, write=True, isa="vec"):
     kv_cache = kv_cache.clone()
     out = torch.zeros(query.shape[0], query.shape[1], query.shape[2], dtype=query.dtype)
     torch.ops.edge_cpu.decode_attention(query, key, value, kv_cache, out, slots, table, seq_lens,
-                                        query.shape[2] ** -0.5, window, write)
+                                        query.shape[2] ** -0.5, window, write, isa == "amx")
     return kv_cache, out
+
+
+# vLLM's "amx" attention runs only on a CPU with AMX tiles, once the process may use them (what the
+# plugin's amx_tile_permission patch asks for in every vLLM process); its KV write is plain stores.
+AMX = torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx()
 
 
 TOLERANCE = {torch.float32: dict(atol=2e-6, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
@@ -76,18 +81,64 @@ SHAPES = [  # heads, kv heads, head size, block size, sequence lengths, window
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}-block{s[3]}-len{s[4]}-w{s[5]}")
-@pytest.mark.parametrize("isa", ["vec", "vec16"])
+@pytest.mark.parametrize("isa", ["vec", "vec16", pytest.param("amx", marks=pytest.mark.skipif(
+    not AMX, reason="vLLM's amx attention needs AMX tiles (the layout itself: test_the_amx_layout_...)"))])
 def test_writes_and_attends_as_vllms_ops(dtype, shape, isa):
     heads, kv_heads, head, block, lens, window = shape
-    if isa == "vec" and block % 32:
-        pytest.skip("vLLM's vec ISA takes block sizes in multiples of 32")
+    if isa in ("vec", "amx") and block % 32:
+        pytest.skip(f"vLLM's {isa} ISA takes block sizes in multiples of 32")
+    if isa == "amx" and (dtype != torch.bfloat16 or head % 32):
+        pytest.skip("vLLM's amx ISA holds bfloat16 caches of heads in multiples of 32 only")
     batch = _decode_batch(3, dtype, heads, kv_heads, head, block, lens)
     stock_cache, stock_out = _vllm(*batch, isa=isa, window=window)
-    cache, out = _ours(*batch, window=window)
+    cache, out = _ours(*batch, window=window, isa=isa)
     assert not torch.equal(cache, batch[0])  # it wrote
     assert torch.equal(cache, stock_cache)
     assert stock_out.abs().sum() > 0
     torch.testing.assert_close(out.float(), stock_out.float(), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}-block{s[3]}-len{s[4]}-w{s[5]}")
+def test_the_amx_layout_holds_what_vllms_amx_write_holds_and_attends_as_the_vec_layout(shape):
+    # On any CPU: vLLM's amx KV write is plain stores; the attention over it is compared with ours
+    # over the vec layout of the same tokens (same products, sums in another order).
+    heads, kv_heads, head, block, lens, window = shape
+    if block % 32 or head % 32:
+        pytest.skip("vLLM's amx ISA takes heads and block sizes in multiples of 32")
+    kv_cache, table, query, key, value, seq_lens, slots = _decode_batch(3, torch.bfloat16, heads, kv_heads, head,
+                                                                        block, lens)
+    # The history written by vLLM in each layout: every position before each request's new token.
+    history = [(r, p) for r, n in enumerate(lens) for p in range(n - 1)]
+    g = torch.Generator().manual_seed(11)
+    past_k = torch.randn(len(history), kv_heads, head, generator=g).bfloat16()
+    past_v = torch.randn(len(history), kv_heads, head, generator=g).bfloat16()
+    past_slots = torch.tensor([int(table[r, p // block]) * block + p % block for r, p in history], dtype=torch.long)
+    caches = {}
+    for isa in ("vec", "amx"):
+        cache = kv_cache.clone()
+        blocks = cache.shape[0]
+        key_cache, value_cache = cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
+        if history:
+            _ops().cpu_attn_reshape_and_cache(past_k, past_v, key_cache, value_cache, past_slots, isa)
+        caches[isa] = cache
+    vec_cache, vec_out = _ours(caches["vec"], table, query, key, value, seq_lens, slots, window=window)
+    amx_cache, amx_out = _ours(caches["amx"], table, query, key, value, seq_lens, slots, window=window, isa="amx")
+    stock_amx, _ = _vllm(caches["amx"], table, query, key, value, seq_lens, slots, isa="amx") if AMX else (None, None)
+    if stock_amx is None:
+        # Without AMX: vLLM's write of the new tokens alone, into the amx cache with the history.
+        stock_amx = caches["amx"].clone()
+        key_cache, value_cache = stock_amx.view(stock_amx.shape[0], kv_heads, 2 * block, -1).chunk(2, dim=2)
+        _ops().cpu_attn_reshape_and_cache(key[:len(lens)], value[:len(lens)], key_cache, value_cache, slots, "amx")
+    assert torch.equal(amx_cache, stock_amx)
+    assert not torch.equal(amx_cache.view(-1), vec_cache.view(-1))  # another layout
+    torch.testing.assert_close(amx_out.float(), vec_out.float(), **TOLERANCE[torch.bfloat16])
+
+
+def test_the_amx_layout_takes_what_vllm_puts_in_it_only():
+    for dtype, head in ((torch.float32, 64), (torch.bfloat16, 80)):
+        batch = _decode_batch(3, dtype, 10, 2, head, 128, [10])
+        with pytest.raises(RuntimeError, match="amx layout holds bfloat16 heads of a multiple of 32 dims"):
+            _ours(*batch, isa="amx")
 
 
 def test_padded_rows_and_slots_are_left_alone():
@@ -193,7 +244,7 @@ def test_a_decode_batch_takes_the_op_with_vllms_result(routed):
     torch.testing.assert_close(output.float(), stock_out.float(), **TOLERANCE[torch.bfloat16])
 
 
-@pytest.mark.parametrize("case", ["prefill in the batch", "ALiBi", "soft cap", "amx layout", "fp8 cache"])
+@pytest.mark.parametrize("case", ["prefill in the batch", "ALiBi", "soft cap", "neon layout", "fp8 cache"])
 def test_other_batches_and_layers_keep_vllms_op(routed, case):
     cls, calls = routed
     kv_cache, table, query, key, value, seq_lens, slots = _decode_batch(4, torch.bfloat16, 9, 3, 64, 128, [30, 140])
@@ -208,8 +259,8 @@ def test_other_batches_and_layers_keep_vllms_op(routed, case):
         kw["alibi_slopes"] = [0.5] * 9
     elif case == "soft cap":
         kw["logits_soft_cap"] = 30.0
-    elif case == "amx layout":
-        isa = "amx"
+    elif case == "neon layout":
+        isa = "neon"
     impl = cls(num_heads=9, head_size=64, scale=0.125, num_kv_heads=3, sliding_window=None,
                kv_cache_dtype="fp8" if case == "fp8 cache" else "auto", **{"alibi_slopes": None, **kw})
     layer = types.SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)

@@ -10,43 +10,77 @@ import torch
 
 from tests.e2e.probe import run_script_probe
 from tests.quantization.helpers import int4_layer, relative_error
+from vllm_omni_edge.cpu_features import CpuFeatures
 from vllm_omni_edge.patches.worker import decoder_stack as patch
 from vllm_omni_edge.quantization.embedding import lookup_int8
+from vllm_omni_edge.quantization import int4
 from vllm_omni_edge.quantization.kernels import native
+from vllm_omni_edge.quantization.kernels.base import high_bits
 from vllm_omni_edge.quantization.kernels.w4a8_avx2 import Avx2W4A8Rows8Kernel
+from vllm_omni_edge.quantization.kernels.w4a8_avx512 import Avx512VnniRows16W4A8Kernel, group_factors
 
 LOADED, WHY = native.load_library()
 pytestmark = pytest.mark.skipif(not LOADED or patch.stack_class() is None,
                                 reason=f"decoder stack unavailable: {WHY}")
 
 GROUP = 32
+VNNI, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), GROUP, 64, 16, torch.float32,
+                                                          float_zero=True)
+# The linear kernels the stack runs on: rows8 (AVX2), and rows16 (AVX-512 VNNI) with its default
+# 8-bit group codes, with the stored bf16 pairs (VLLM_OMNI_EDGE_INT4_GROUP_CODES=bf16), and with
+# 6-bit output and down linears (as a Q4_K_M's promoted layers are built).
+KERNELS = ["rows8", *(pytest.param(k, marks=pytest.mark.skipif(not VNNI, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}"))
+                      for k in ("rows16", "rows16-bf16", "rows16-6bit"))]
 
 
-def _rows8(N, K, dtype, seed):
-    layer, _ = int4_layer(N, K, GROUP, dtype, seed)
-    Avx2W4A8Rows8Kernel().process_weights(layer)
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    if request.param == "rows16-bf16":
+        monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_GROUP_CODES", "bf16")
+    return request.param
+
+
+def _linear(N, K, dtype, seed, kernel, six_bit=False):
+    if six_bit and kernel == "rows16-6bit":
+        layer = torch.nn.Module()
+        weight = torch.randn(N, K, generator=torch.Generator().manual_seed(seed)) * 0.05
+        for name, t in zip(("qweight", "qweight_high", "scales", "zeros"), int4.quantize_6bit(weight, GROUP)):
+            layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+        layer.int4_in_features, layer.int4_group_size, layer.int4_act_dtype = K, GROUP, dtype
+    else:
+        layer, _ = int4_layer(N, K, GROUP, dtype, seed)
+    (Avx2W4A8Rows8Kernel() if kernel == "rows8" else Avx512VnniRows16W4A8Kernel()).process_weights(layer)
     return layer
 
 
+def _parts(layer):
+    """A linear's five tensors as the stack takes them (empty for a part it does not have)."""
+    empty = torch.empty(0, dtype=torch.uint8)
+    factors, high = group_factors(layer), high_bits(layer)
+    return [layer.qweight.data, layer.scales.data, layer.zeros.data, empty if factors is None else factors,
+            empty if high is None else high]
+
+
 class _Model:
-    """A random llama-family decoder (cpu_int4 rows8 linears) and its paged KV caches."""
+    """A random llama-family decoder (cpu_int4 linears on ``kernel``) and its paged KV caches."""
 
     def __init__(self, dtype, layers, heads, kv_heads, head, inter, bias, neox=True, blocks=24, block=16,
-                 positions=512, seed=0):
+                 positions=512, seed=0, kernel="rows8"):
         g = torch.Generator().manual_seed(seed)
         H = heads * head
         self.dtype, self.heads, self.kv_heads, self.head, self.neox, self.eps = dtype, heads, kv_heads, head, neox, 1e-5
+        self.kernel = kernel
         self.layers = []
         for i in range(layers):
             s = seed + 10 * i
             self.layers.append(dict(
                 in_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(dtype),
                 post_norm=(1 + 0.1 * torch.randn(H, generator=g)).to(dtype),
-                qkv=_rows8((heads + 2 * kv_heads) * head, H, dtype, s + 1),
+                qkv=_linear((heads + 2 * kv_heads) * head, H, dtype, s + 1, kernel),
                 bias=(0.1 * torch.randn((heads + 2 * kv_heads) * head, generator=g)).to(dtype) if bias else None,
-                out=_rows8(H, H, dtype, s + 2),
-                gate_up=_rows8(2 * inter, H, dtype, s + 3),
-                down=_rows8(H, inter, dtype, s + 4),
+                out=_linear(H, H, dtype, s + 2, kernel, six_bit=True),
+                gate_up=_linear(2 * inter, H, dtype, s + 3, kernel),
+                down=_linear(H, inter, dtype, s + 4, kernel, six_bit=True),
                 kv=(0.5 * torch.randn(blocks, kv_heads, block, 2 * head, generator=g)).to(dtype),
             ))
         self.final_norm = (1 + 0.1 * torch.randn(H, generator=g)).to(dtype)
@@ -55,21 +89,24 @@ class _Model:
         self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype)
         self.block, self.blocks = block, blocks
 
-    def stack(self, windows=None):
+    def stack(self, windows=None, amx=False):
+        windows = windows or [-1] * len(self.layers)
+        return patch.stack_class()(self.weights(), [layer["kv"] for layer in self.layers], windows, self.final_norm,
+                                   self.cos_sin, self.heads, self.kv_heads, self.head, GROUP, self.eps,
+                                   self.head ** -0.5, self.neox, 8 if self.kernel == "rows8" else 16, amx)
+
+    def weights(self):
         weights = []
         for layer in self.layers:
             for name in ("in_norm", "qkv", "bias", "out", "post_norm", "gate_up", "down"):
                 v = layer[name]
                 if name in ("qkv", "out", "gate_up", "down"):
-                    weights += [v.qweight.data, v.scales.data, v.zeros.data]
+                    weights += _parts(v)
                 elif name == "bias":
                     weights.append(v if v is not None else torch.empty(0, dtype=self.dtype))
                 else:
                     weights.append(v)
-        windows = windows or [-1] * len(self.layers)
-        return patch.stack_class()(weights, [layer["kv"] for layer in self.layers], windows, self.final_norm,
-                                   self.cos_sin, self.heads, self.kv_heads, self.head, GROUP, self.eps,
-                                   self.head ** -0.5, self.neox)
+        return weights
 
     def batch(self, lens, seed=1):
         """Block tables, the new tokens' slots, positions and hidden inputs for one decode step."""
@@ -90,7 +127,13 @@ def _reference(model, x, positions, slots, table, seq_lens, windows=None):
     from vllm.ir.ops.layernorm import fused_add_rms_norm, rms_norm
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
-    mm = torch.ops.edge_cpu_int4.w4a8_avx2_rows8_mm
+    if model.kernel == "rows8":
+        def mm(x, lin):
+            return torch.ops.edge_cpu_int4.w4a8_avx2_rows8_mm(x, lin.qweight, lin.scales, lin.zeros, GROUP)
+    else:
+        def mm(x, lin):
+            return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm(x, lin.qweight, lin.scales, lin.zeros, GROUP,
+                                                                 group_factors(lin), high_bits(lin))
     heads, kv_heads, head = model.heads, model.kv_heads, model.head
     q_size, kv_size = heads * head, kv_heads * head
     caches = [layer["kv"].clone() for layer in model.layers]
@@ -100,8 +143,7 @@ def _reference(model, x, positions, slots, table, seq_lens, windows=None):
             residual, h = h, rms_norm(h, layer["in_norm"], model.eps)
         else:
             h, residual = fused_add_rms_norm(h, residual, layer["in_norm"], model.eps)
-        lin = layer["qkv"]
-        qkv = mm(h, lin.qweight, lin.scales, lin.zeros, GROUP)
+        qkv = mm(h, layer["qkv"])
         if layer["bias"] is not None:
             qkv = qkv + layer["bias"]
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -111,15 +153,12 @@ def _reference(model, x, positions, slots, table, seq_lens, windows=None):
         torch.ops.edge_cpu.decode_attention(q.reshape(-1, heads, head), k.reshape(-1, kv_heads, head),
                                             v.reshape(-1, kv_heads, head), caches[i], out, slots, table, seq_lens,
                                             head ** -0.5, window, True)
-        lin = layer["out"]
-        h = mm(out, lin.qweight, lin.scales, lin.zeros, GROUP)
+        h = mm(out, layer["out"])
         h, residual = fused_add_rms_norm(h, residual, layer["post_norm"], model.eps)
-        lin = layer["gate_up"]
-        gu = mm(h, lin.qweight, lin.scales, lin.zeros, GROUP)
+        gu = mm(h, layer["gate_up"])
         inter = gu.shape[-1] // 2
         a = (torch.nn.functional.silu(gu[:, :inter].float()) * gu[:, inter:].float()).to(x.dtype)
-        lin = layer["down"]
-        h = mm(a, lin.qweight, lin.scales, lin.zeros, GROUP)
+        h = mm(a, layer["down"])
     h, _ = fused_add_rms_norm(h, residual, model.final_norm, model.eps)
     return h, caches
 
@@ -154,9 +193,9 @@ DEEP = 6e-2
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"L{s[0]}-{s[1]}x{s[2]}x{s[3]}-bias{int(s[5])}-neox{int(s[6])}")
-def test_the_stack_computes_the_layers_as_vllms_native_ops(dtype, shape):
+def test_the_stack_computes_the_layers_as_vllms_native_ops(dtype, shape, kernel):
     layers, heads, kv_heads, head, inter, bias, neox, lens = shape
-    model = _Model(dtype, layers, heads, kv_heads, head, inter, bias, neox)
+    model = _Model(dtype, layers, heads, kv_heads, head, inter, bias, neox, kernel=kernel)
     x, positions, slots, table, seq_lens = model.batch(lens)
     want, want_caches = _reference(model, x, positions, slots, table, seq_lens)
     got = model.stack().forward(x, positions, slots, table, seq_lens)
@@ -169,8 +208,8 @@ def test_the_stack_computes_the_layers_as_vllms_native_ops(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_wrong_rotation_or_residual_is_far_outside(dtype):
-    model = _Model(dtype, 3, 9, 3, 64, 512, True, True)
+def test_a_wrong_rotation_or_residual_is_far_outside(dtype, kernel):
+    model = _Model(dtype, 3, 9, 3, 64, 512, True, True, kernel=kernel)
     x, positions, slots, table, seq_lens = model.batch([40, 3])
     want, want_caches = _reference(model, x, positions, slots, table, seq_lens)
     keys = _written(want_caches[0], slots, model.block, model.head)[0]
@@ -182,6 +221,34 @@ def test_a_wrong_rotation_or_residual_is_far_outside(dtype):
     model.final_norm = torch.ones_like(model.final_norm)
     wrong = model.stack().forward(x, positions, slots, table, seq_lens)
     assert relative_error(wrong, want) > DEEP
+
+
+def _to_amx(cache):
+    """A cache in the vec layout rearranged into vLLM's amx layout (decode_attention.cpp): keys
+    [block / 16][head / 2][16][2], values [head / 16][block / 2][16][2]."""
+    blocks, kv_heads, block, two_head = cache.shape
+    D = two_head // 2
+    halves = cache.reshape(blocks, kv_heads, 2, block * D)
+    keys = halves[:, :, 0].reshape(blocks, kv_heads, D // 2, 2, block // 16, 16).permute(0, 1, 4, 2, 5, 3)
+    values = halves[:, :, 1].reshape(blocks, kv_heads, block // 2, 2, D // 16, 16).permute(0, 1, 4, 2, 5, 3)
+    return torch.cat([keys.reshape(blocks, kv_heads, -1), values.reshape(blocks, kv_heads, -1)], -1).view(cache.shape)
+
+
+def test_on_the_amx_layout_the_stack_computes_what_it_computes_on_the_vec_layout(kernel):
+    model = _Model(torch.bfloat16, 2, 9, 3, 64, 512, True, kernel=kernel)
+    x, positions, slots, table, seq_lens = model.batch([40, 3, 17])
+    vec = [layer["kv"].clone() for layer in model.layers]
+    for layer in model.layers:
+        layer["kv"] = _to_amx(layer["kv"])
+    amx_out = model.stack(amx=True).forward(x, positions, slots, table, seq_lens)
+    amx = [layer["kv"] for layer in model.layers]
+    for layer, cache in zip(model.layers, vec):
+        layer["kv"] = cache
+    vec_out = model.stack().forward(x, positions, slots, table, seq_lens)
+    assert relative_error(amx_out, vec_out) < OUT[torch.bfloat16]
+    # The first layer writes the same keys and values (the same ops before attention).
+    assert torch.equal(amx[0], _to_amx(model.layers[0]["kv"]))
+    assert relative_error(amx[1], _to_amx(model.layers[1]["kv"])) < 1e-2
 
 
 def test_the_stack_writes_only_the_new_tokens_slots():
@@ -200,8 +267,8 @@ def test_the_stack_writes_only_the_new_tokens_slots():
         assert written == {(int(s) // block, int(s) % block) for s in slots}
 
 
-def test_a_sliding_window_is_passed_to_each_layer():
-    model = _Model(torch.float32, 2, 4, 2, 32, 128, False, blocks=40)
+def test_a_sliding_window_is_passed_to_each_layer(kernel):
+    model = _Model(torch.float32, 2, 4, 2, 32, 128, False, blocks=40, kernel=kernel)
     x, positions, slots, table, seq_lens = model.batch([300])
     windows = [-1, 50]
     want, _ = _reference(model, x, positions, slots, table, seq_lens, windows)
@@ -224,7 +291,16 @@ def test_bad_input_is_refused_with_the_reason():
     cls = patch.stack_class()
     with pytest.raises(RuntimeError, match="tensors a layer"):
         cls([model.final_norm], [model.layers[0]["kv"]], [-1], model.final_norm, model.cos_sin, 4, 2, 32, GROUP,
-            1e-5, 0.1, True)
+            1e-5, 0.1, True, 8, False)
+    with pytest.raises(RuntimeError, match="named by its tile rows, 8 or 16, got 4"):
+        cls(model.weights(), [model.layers[0]["kv"]], [-1], model.final_norm, model.cos_sin, 4, 2, 32, GROUP, 1e-5, 0.1,
+            True, 4, False)
+    # A rows8 stack handed group factors (a rows16 layer's) refuses them by name.
+    model.kernel = "rows8"
+    model.layers[0]["qkv"].register_parameter("group_factors", torch.nn.Parameter(
+        torch.ones(1, dtype=torch.bfloat16), requires_grad=False))
+    with pytest.raises(RuntimeError, match="rows8 kernel takes no group factors"):
+        model.stack()
 
 
 # ---- The runner's side ----
@@ -261,7 +337,7 @@ def test_a_rebound_kv_cache_or_new_weights_make_the_stack_again(monkeypatch):
         first = runner.layers[0]
         made.append(1)
         return patch.Stack(None, None, "", ["a"], first.self_attn.attn.kv_cache, first.self_attn.qkv_proj.qweight,
-                           runner.layers)
+                           runner.layers, "avx2_w4a8_rows8")
 
     monkeypatch.setattr(patch, "plan", fake_plan)
     attn = types.SimpleNamespace(attn=types.SimpleNamespace(kv_cache=torch.zeros(1)),

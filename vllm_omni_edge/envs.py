@@ -276,8 +276,8 @@ FLAGS: tuple[Flag, ...] = (
            "op (0); only with VLLM_OMNI_EDGE_ATTENTION_CALLS=1", LEVER,
            ("patches/worker/cpu_attention_calls.py", "quantization/kernels/csrc/decode_attention.cpp")),
     Switch("VLLM_OMNI_EDGE_DECODER_STACK", "a decode step of a llama-family model it can run "
-           "(cpu_int4 on avx2_w4a8_rows8) goes through its decoder layers in one call of our C++ "
-           "decoder stack (1); or vLLM's compiled forward (0); only with "
+           "(cpu_int4 on avx2_w4a8_rows8 or avx512_w4a8_rows16) goes through its decoder layers in one "
+           "call of our C++ decoder stack (1); or vLLM's compiled forward (0); only with "
            "VLLM_OMNI_EDGE_DECODE_ATTENTION=1", LEVER,
            ("patches/worker/decoder_stack.py", "quantization/kernels/csrc/decoder_stack.cpp")),
     Switch("VLLM_OMNI_EDGE_EAGER_SAMPLER", "random sampling (temperature > 0) drawn eagerly (1); "

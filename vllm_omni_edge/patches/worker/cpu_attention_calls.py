@@ -15,8 +15,9 @@ keys and values (``attn_metadata.slot_mapping``, unpadded then) before attending
 write, one Python custom op dispatch less per layer and step. Layers sharing another's KV
 cache and steps without keys write nothing, as vLLM's separate update did.
 Decode (``VLLM_OMNI_EDGE_DECODE_ATTENTION``, default on): when every query of the batch is one
-token and the layer is plain causal self-attention on vLLM's ``vec``/``vec16`` cache layout
-(no ALiBi, soft cap, sinks or fp8 KV; head size a multiple of 16), one call of our
+token and the layer is plain causal self-attention on vLLM's ``vec``/``vec16`` cache layout or
+its ``amx`` layout (bf16 on AMX CPUs) (no ALiBi, soft cap, sinks or fp8 KV; head size a multiple
+of 16, of 32 for ``amx``), one call of our
 ``edge_cpu::decode_attention`` (``quantization/kernels/csrc/decode_attention.cpp``) writes the
 keys and values and attends: vLLM's tiled op carries a fixed cost per call that a one-token
 query does not need, and its KV write is a second call. Prefill and mixed batches keep vLLM's op.
@@ -96,8 +97,9 @@ def _make_kv_update(encoder_types):
     return make
 
 
-# Layouts our decode op reads: vLLM's CPU cache with the key half dim-major (checked in the tests).
-DECODE_ISAS = ("vec", "vec16")
+# Layouts our decode op reads: vLLM's CPU cache with the key half dim-major, and its AMX layout
+# (bfloat16 pairs; checked in the tests).
+DECODE_ISAS = ("vec", "vec16", "amx")
 # On the layer: whether our decode op can serve it (constant for a layer once its ISA is set).
 _DECODE_ATTR = "_edge_decode_attention"
 
@@ -114,7 +116,7 @@ def _serves(impl, layer, query) -> bool:
     if ok is None:
         ok = (getattr(layer, "isa", None) in DECODE_ISAS and impl.kv_cache_dtype == "auto"
               and impl.alibi_slopes is None and not impl.logits_soft_cap and impl.sinks is None
-              and impl.head_size % 16 == 0 and query.dim() == 3)
+              and impl.head_size % (32 if layer.isa == "amx" else 16) == 0 and query.dim() == 3)
         setattr(layer, _DECODE_ATTR, ok)
     return ok
 
@@ -141,7 +143,7 @@ def _make_forward(encoder_types, writes_kv: bool, decode=None):
                 # One token a request: write and attend in one call of our op.
                 decode(query, key, value, kv_cache, output, attn_metadata.slot_mapping,
                        attn_metadata.block_table, attn_metadata.seq_lens, self.scale, self.sliding_window,
-                       writes)
+                       writes, layer.isa == "amx")
                 return output
             key_cache, value_cache = kv_cache_views(layer, kv_cache)
             if writes:

@@ -17,8 +17,9 @@ are replaced. It runs a model when: the language model is vLLM's ``LlamaModel`` 
 auxiliary hidden states, LoRA or speculative decoding; every layer's decoder, attention and MLP
 are those classes' own, its norms plain ``RMSNorm`` with a weight, its rotary embedding vLLM's
 base computation over the whole head (any cos/sin table: Llama 3 and linear scaling keep it),
-its four linears ``cpu_int4`` on ``avx2_w4a8_rows8`` (4-bit, no dense copy; only QKV with a
-bias), its attention our decode op's envelope (``cpu_attention_calls``). Anything else is named
+its four linears ``cpu_int4`` on one kernel, ``avx2_w4a8_rows8`` (4-bit) or
+``avx512_w4a8_rows16`` (its group codes and 6-bit layers too; the MLP as the one fused op the
+compiled graph calls), with no dense copy and only QKV with a bias, its attention our decode op's envelope (``cpu_attention_calls``). Anything else is named
 in ``summary()['reason']``.
 Why: on a small model, a CPU decode step spends much of its forward between kernels: a Python
 call per linear, a Python custom op per attention layer, the compiled graph's own kernels for
@@ -45,8 +46,8 @@ from vllm_omni_edge.patches.import_hook import when_imported
 
 TARGET_MODULE = "vllm.v1.worker.gpu_model_runner"
 MARKER = "__edge_decoder_stack__"
-# The linear kernel whose op the stack calls.
-KERNEL = "avx2_w4a8_rows8"
+# The linear kernels whose ops the stack calls, by the tile rows the C++ stack names them with.
+KERNELS = {"avx2_w4a8_rows8": 8, "avx512_w4a8_rows16": 16}
 
 RECORD = PatchRecord(
     name="decoder_stack",
@@ -73,8 +74,9 @@ class Unsupported(Exception):
 class Stack:
     """The C++ stack for one model, with what the step needs to check and call it."""
 
-    def __init__(self, op, embed, embedding, layer_names, kv_cache, codes, layers):
+    def __init__(self, op, embed, embedding, layer_names, kv_cache, codes, layers, kernel):
         self.op = op
+        self.kernel = kernel  # the linears' kernel name
         self.embed = embed
         self.embedding = embedding  # how embed looks tokens up, for the evidence
         self.first_layer = layer_names[0]
@@ -105,21 +107,30 @@ def _same_method(obj, name, *classes) -> bool:
 
 
 def _linear(module, where, bias_allowed=False):
+    """(kernel name, [codes, scales, offsets, factors, top bits], group size, bias) of a cpu_int4
+    linear the stack can call; an empty tensor for a part the linear does not have."""
     import torch
 
     kernel = getattr(module, "int4_kernel", None)
-    if kernel is None or kernel.name != KERNEL:
-        raise Unsupported(f"{where} runs {getattr(kernel, 'name', type(module).__name__)}, not {KERNEL}")
+    name = getattr(kernel, "name", type(module).__name__)
+    if name not in KERNELS:
+        raise Unsupported(f"{where} runs {name}, not {' or '.join(KERNELS)}")
     params = module._parameters
-    if params.get("dense_weight") is not None or params.get("qweight_high") is not None:
-        raise Unsupported(f"{where} keeps a dense copy or 6-bit codes")
+    if params.get("dense_weight") is not None:
+        raise Unsupported(f"{where} keeps a dense copy")
     bias = getattr(module, "bias", None)
     if bias is not None and (not bias_allowed or getattr(module, "skip_bias_add", False)):
         raise Unsupported(f"{where} has a bias")
     codes, scales, offsets = params["qweight"], params["scales"], params["zeros"]
-    if scales.dtype != torch.bfloat16 or offsets.dtype != torch.bfloat16:
+    factors, high = params.get("group_factors"), params.get("qweight_high")
+    if factors is None and (scales.dtype != torch.bfloat16 or offsets.dtype != torch.bfloat16):
         raise Unsupported(f"{where}'s scales are not bf16")
-    return codes.data, scales.data, offsets.data, module.int4_group_size, bias
+    if KERNELS[name] == 8 and (factors is not None or high is not None):
+        raise Unsupported(f"{where} keeps group codes or 6-bit codes on {name}")
+    empty = torch.empty(0, dtype=torch.uint8)
+    parts = [codes.data, scales.data, offsets.data, factors.data if factors is not None else empty,
+             high.data if high is not None else empty]
+    return name, parts, module.int4_group_size, bias
 
 
 def embedding_lookup(inner):
@@ -182,9 +193,9 @@ def plan(runner):
         raise Unsupported("auxiliary hidden states")
     final_norm, eps = _norm(inner.norm, "the final norm", RMSNorm)
     dtype = final_norm.dtype
-    weights, caches, windows, names = [], [], [], []
+    weights, caches, windows, names, isas = [], [], [], [], set()
     shape = None
-    group_size = None
+    group_size = kernel = None
     for i, layer in enumerate(layers):
         where = f"layer {i}"
         if not _same_method(layer, "forward", llama.LlamaDecoderLayer, qwen2.Qwen2DecoderLayer):
@@ -224,20 +235,27 @@ def plan(runner):
         out = _linear(attn.o_proj, f"{where}'s output linear")
         gate_up = _linear(mlp.gate_up_proj, f"{where}'s gate/up")
         down = _linear(mlp.down_proj, f"{where}'s down")
-        sizes = {qkv[3], out[3], gate_up[3], down[3]}
+        sizes = {qkv[2], out[2], gate_up[2], down[2]}
         if len(sizes) != 1 or (group_size is not None and sizes != {group_size}):
             raise Unsupported("linears of different group sizes")
-        group_size = qkv[3]
-        for t in (in_norm, post_norm, kv_cache) + ((qkv[4].data,) if qkv[4] is not None else ()):
+        group_size = qkv[2]
+        kernels = {qkv[0], out[0], gate_up[0], down[0]}
+        if len(kernels) != 1 or (kernel is not None and kernels != {kernel}):
+            raise Unsupported(f"linears on different kernels ({', '.join(sorted(kernels | {kernel} - {None}))})")
+        kernel = qkv[0]
+        for t in (in_norm, post_norm, kv_cache) + ((qkv[3].data,) if qkv[3] is not None else ()):
             if t.dtype != dtype:
                 raise Unsupported(f"{where} mixes dtypes ({t.dtype}, {dtype})")
-        bias = qkv[4].data if qkv[4] is not None else torch.empty(0, dtype=dtype)
-        weights += [in_norm, *qkv[:3], bias, *out[:3], post_norm, *gate_up[:3], *down[:3]]
+        bias = qkv[3].data if qkv[3] is not None else torch.empty(0, dtype=dtype)
+        weights += [in_norm, *qkv[1], bias, *out[1], post_norm, *gate_up[1], *down[1]]
         caches.append(kv_cache)
+        isas.add(layer_attn.isa)
         windows.append(impl.sliding_window if impl.sliding_window is not None else -1)
         names.append(layer_attn.layer_name)
     if not layers:
         raise Unsupported("no decoder layers")
+    if len(isas) != 1:
+        raise Unsupported(f"layers with different KV cache layouts ({', '.join(sorted(isas))})")
     table = layers[0].self_attn.rotary_emb
     cos_sin = table.cos_sin_cache
     if any(layer.self_attn.rotary_emb.cos_sin_cache is not cos_sin for layer in layers):
@@ -247,9 +265,9 @@ def plan(runner):
         cos_sin = table._match_cos_sin_cache_dtype(final_norm)
     heads, kv_heads, head, scale, neox = shape
     op = cls(weights, caches, windows, final_norm, cos_sin.contiguous(), heads, kv_heads, head, group_size,
-             float(eps), scale, neox)
+             float(eps), scale, neox, KERNELS[kernel], isas == {"amx"})
     embed, embedding = embedding_lookup(inner)
-    return Stack(op, embed, embedding, names, caches[0], layers[0].self_attn.qkv_proj.qweight, layers)
+    return Stack(op, embed, embedding, names, caches[0], layers[0].self_attn.qkv_proj.qweight, layers, kernel)
 
 
 def _current(runner):
@@ -331,7 +349,8 @@ def summary(runner, make: bool = False) -> dict:
         _current(runner)
     state = runner.__dict__.get(_STATE_ATTR)
     if isinstance(state, Stack):
-        return {"on": True, "layers": len(state.layers), "steps": state.steps, "embedding": state.embedding}
+        return {"on": True, "layers": len(state.layers), "steps": state.steps, "embedding": state.embedding,
+                "kernel": state.kernel}
     return {"on": False, "reason": state if isinstance(state, str) else "no decode step yet"}
 
 

@@ -152,6 +152,13 @@ class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):
         return torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm
 
     def apply(self, layer, x, bias):
+        params = layer._parameters
+        if x.dim() == 2 and "dense_weight" not in params and not torch.compiler.is_compiling():
+            # The eager [tokens, K] call without a dense copy, parameters read from the module's dict
+            # (as Avx2W4A8Kernel.apply: the decode step's head); a traced graph takes the path below.
+            out = self.op()(x, params["qweight"], params["scales"], params["zeros"], layer.int4_group_size,
+                            params.get("group_factors"), params.get("qweight_high"))
+            return out if bias is None else out + bias
         x2 = as_2d(x, layer.int4_in_features)
         out = dense_prefill(layer, x2)
         if out is None:

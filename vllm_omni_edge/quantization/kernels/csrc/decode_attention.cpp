@@ -7,10 +7,14 @@
 // then attends over the request's blocks, one work item per (request, KV head), the query
 // heads of a GQA group sharing the item.
 //
-// Cache layout (vLLM's "vec" and "vec16" ISAs, checked against vLLM's own write in the tests):
-// kv_cache [blocks, kv_heads, block_size, 2 * head] holds per (block, kv head) the key half as
-// [head][block_size] (dim-major, so a dim's scores over 8 positions are one vector) followed by
-// the value half as [block_size][head].
+// Cache layouts (vLLM's, checked against vLLM's own write in the tests): kv_cache [blocks,
+// kv_heads, block_size, 2 * head] holds per (block, kv head) a key half then a value half.
+// - "vec" and "vec16" ISAs: keys as [head][block_size] (dim-major, so a dim's scores over 8
+//   positions are one vector), values as [block_size][head].
+// - "amx" ISA (bfloat16, head and block_size multiples of 32; `amx_layout`): keys as [block_size / 16]
+//   [head / 2][16][2] and values as [head / 16][block_size / 2][16][2], pairs of bfloat16 in
+//   each 32-bit lane (dims for keys, positions for values). One 256-bit load widens to two
+//   vectors in order: the even elements shifted up, the odd ones masked.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -60,7 +64,23 @@ struct Shape {
   float scale;
   int64_t window;
   bool write_kv;
+  bool amx;
 };
+
+// Eight lanes of bfloat16 pairs as two float vectors: the pairs' first and second elements.
+inline void widen_pairs(const c10::BFloat16* p, __m256& first, __m256& second) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  first = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  second = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The amx layout's element offsets inside a (block, kv head)'s key half and value half.
+inline int64_t amx_key(int64_t pos, int64_t d, int64_t D) {
+  return (pos / 16) * 16 * D + (d / 2) * 32 + (pos % 16) * 2 + d % 2;
+}
+inline int64_t amx_value(int64_t pos, int64_t d, int64_t BS) {
+  return (d / 16) * BS * 16 + (pos / 2) * 32 + (d % 16) * 2 + pos % 2;
+}
 
 // The token's key and value into its slot of kv head h.
 template <typename T>
@@ -72,8 +92,56 @@ void write_kv_slot(const Shape& s, int64_t r, int64_t h, const T* key, const T* 
   const int64_t off = slot % BS;
   const T* k = key + r * s.k_row + h * s.k_head;
   const T* v = value + r * s.v_row + h * s.v_head;
+  if (s.amx) {
+    for (int64_t d = 0; d < D; ++d) {
+      base[amx_key(off, d, D)] = k[d];
+      base[half + amx_value(off, d, BS)] = v[d];
+    }
+    return;
+  }
   for (int64_t d = 0; d < D; ++d) base[d * BS + off] = k[d];
   std::copy(v, v + D, base + half + off * D);
+}
+
+// amx layout: the scores of NG heads over positions [j, j + 8) of a block (j a multiple of 8):
+// per pair of dims one load; even and odd dims summed apart (2 * NG independent sums).
+template <int NG>
+void amx_scores8(const c10::BFloat16* keys, int64_t j, int64_t D, const float* qf, float* scores, int64_t span) {
+  __m256 even[NG], odd[NG];
+  for (int g = 0; g < NG; ++g) even[g] = odd[g] = _mm256_setzero_ps();
+  const c10::BFloat16* tile = keys + (j / 16) * 16 * D + (j % 16) * 2;
+  for (int64_t e = 0; e < D / 2; ++e) {
+    __m256 k0, k1;
+    widen_pairs(tile + e * 32, k0, k1);
+    for (int g = 0; g < NG; ++g) {
+      even[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(qf + g * D + 2 * e), k0, even[g]);
+      odd[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(qf + g * D + 2 * e + 1), k1, odd[g]);
+    }
+  }
+  for (int g = 0; g < NG; ++g) _mm256_storeu_ps(scores + g * span + j, _mm256_add_ps(even[g], odd[g]));
+}
+
+// amx layout: a0/a1 (dims dc .. dc + 16 of NG heads) += the probability-weighted values of
+// positions [lo, hi) of a block, a pair of positions a load; p: the block's probabilities.
+template <int NG>
+void amx_values16(const c10::BFloat16* values, int64_t lo, int64_t hi, int64_t dc, int64_t BS, const float* p,
+                  int64_t span, __m256* a0, __m256* a1) {
+  const c10::BFloat16* chunk = values + (dc / 16) * BS * 16;
+  for (int64_t t = lo & ~int64_t{1}; t < hi; t += 2) {
+    __m256 x0, y0, x1, y1;  // positions t and t + 1, dims dc .. dc + 8 and dc + 8 .. dc + 16
+    widen_pairs(chunk + (t / 2) * 32, x0, y0);
+    widen_pairs(chunk + (t / 2) * 32 + 16, x1, y1);
+    // A position outside [lo, hi) weighs nothing; its slot may hold anything (not yet written).
+    const bool first = t >= lo, second = t + 1 < hi;
+    if (!first) x0 = x1 = _mm256_setzero_ps();
+    if (!second) y0 = y1 = _mm256_setzero_ps();
+    for (int g = 0; g < NG; ++g) {
+      const __m256 p0 = _mm256_set1_ps(first ? p[g * span + t] : 0.f);
+      const __m256 p1 = _mm256_set1_ps(second ? p[g * span + t + 1] : 0.f);
+      a0[g] = _mm256_fmadd_ps(p1, y0, _mm256_fmadd_ps(p0, x0, a0[g]));
+      a1[g] = _mm256_fmadd_ps(p1, y1, _mm256_fmadd_ps(p0, x1, a1[g]));
+    }
+  }
 }
 
 // NG query heads of kv head h's group (heads first_head .. first_head + NG) attend together:
@@ -102,6 +170,12 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
     const int64_t lo = std::max<int64_t>(from - base, 0) & ~int64_t{7};
     const int64_t hi = std::min<int64_t>(to - base, BS);
     int64_t j = lo;
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (s.amx) {
+        for (; j < hi; j += 8) amx_scores8<NG>(keys, j, D, qf, scores + base, span);
+        continue;
+      }
+    }
     // Two 8-position chunks a pass where the block has them: 2 * NG independent sums hide the
     // multiply-add latency. block_size is a multiple of 8, so a chunk never leaves its block.
     for (; j < hi && j + 16 <= BS; j += 16) {
@@ -160,6 +234,12 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
       const int64_t base = (b - first_block) * BS;
       const int64_t lo = std::max<int64_t>(from - base, 0), hi = std::min<int64_t>(to - base, BS);
       const float* p = scores + base;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        if (s.amx) {
+          amx_values16<NG>(values - dc, lo, hi, dc, BS, p, span, a0, a1);
+          continue;
+        }
+      }
       for (int64_t t = lo; t < hi; ++t) {
         const Pair v = load16(values + t * D);
         for (int g = 0; g < NG; ++g) {
@@ -170,7 +250,7 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
       }
     }
     for (int g = 0; g < NG; ++g) {
-      in_order<T>(a0[g], a1[g]);
+      if (!s.amx) in_order<T>(a0[g], a1[g]);
       const __m256 scale = _mm256_set1_ps(inv[g]);
       alignas(32) float o[16];
       _mm256_store_ps(o, _mm256_mul_ps(a0[g], scale));
@@ -202,7 +282,7 @@ constexpr int64_t kSerialMacs = 1 << 17;
 void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       at::Tensor& kv_cache, at::Tensor& output, const at::Tensor& slot_mapping,
                       const at::Tensor& block_table, const at::Tensor& seq_lens, double scale,
-                      int64_t sliding_window, bool write_kv) {
+                      int64_t sliding_window, bool write_kv, bool amx_layout) {
   TORCH_CHECK(query.dim() == 3 && query.stride(2) == 1, "decode_attention: query must be [tokens, heads, head] with unit stride in head");
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.is_contiguous(), "decode_attention: kv_cache must be a contiguous [blocks, kv_heads, block_size, 2 * head]");
   const int64_t requests = seq_lens.size(0);
@@ -211,6 +291,9 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
   TORCH_CHECK(kv_cache.size(3) == 2 * D, "decode_attention: kv_cache's last dim must be 2 * head");
   TORCH_CHECK(D % 16 == 0 && BS % 8 == 0, "decode_attention: head size must be a multiple of 16, block size of 8");
   TORCH_CHECK(heads % kv_heads == 0, "decode_attention: query heads must be a multiple of kv heads");
+  TORCH_CHECK(!amx_layout || (kv_cache.scalar_type() == at::kBFloat16 && BS % 16 == 0 && D % 32 == 0),
+              "decode_attention: the amx layout holds bfloat16 heads of a multiple of 32 dims in blocks of a "
+              "multiple of 16 positions, got ", kv_cache.scalar_type(), " heads of ", D, " in blocks of ", BS);
   TORCH_CHECK(query.size(0) >= requests && output.numel() >= requests * heads * D && output.is_contiguous(),
               "decode_attention: one query token and one contiguous output row per request");
   TORCH_CHECK(query.scalar_type() == kv_cache.scalar_type() && output.scalar_type() == kv_cache.scalar_type(),
@@ -230,7 +313,7 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
           query.stride(0), query.stride(1),
           write_kv ? key.stride(0) : 0, write_kv ? key.stride(1) : 0,
           write_kv ? value.stride(0) : 0, write_kv ? value.stride(1) : 0,
-          heads * D, static_cast<float>(scale), sliding_window, write_kv};
+          heads * D, static_cast<float>(scale), sliding_window, write_kv, amx_layout};
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t positions = block_table.size(1) * BS;
   int64_t macs = 0;
@@ -292,7 +375,7 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
 TORCH_LIBRARY_FRAGMENT(edge_cpu, m) {
   m.def("decode_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor(b!) output, "
         "Tensor slot_mapping, Tensor block_table, Tensor seq_lens, float scale, int sliding_window, "
-        "bool write_kv) -> ()");
+        "bool write_kv, bool amx_layout=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }

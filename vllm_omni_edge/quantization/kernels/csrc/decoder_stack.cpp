@@ -6,7 +6,8 @@
 // batch where every query is one token, DecoderStack::forward runs the same layers from C++:
 // per layer RMSNorm (with the residual add), the QKV linear (plus bias), the rotary embedding,
 // our decode attention op (KV write and attention), the output linear, the second RMSNorm, the
-// gate/up linear, SiLU-and-multiply and the down linear; then the model's final norm.
+// gate/up linear, SiLU-and-multiply and the down linear; then the model's final norm. The linears
+// are the AVX2 rows8 ops, or the AVX-512 VNNI rows16 ops (the MLP as their one fused op).
 //
 // Numerics follow vLLM's native ops on the activation dtype T: RMSNorm in float32 over the
 // float32 sum of the input and the residual (the residual kept rounded to T), the normalized
@@ -28,6 +29,7 @@
 #include "convert8.h"
 
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -37,18 +39,33 @@ using edge_cpu_math::exp8;
 using edge_cpu_convert::load8;
 using edge_cpu_convert::store8;
 
-// A layer's tensors, in this order, in DecoderStack::weights.
+// A layer's tensors, in this order, in DecoderStack::weights. Each linear is five: its codes,
+// scales and offsets, then the rows16 kernel's superblock factors and 6-bit top bits (empty
+// tensors where the linear has none, and always for rows8).
 enum Slot : int64_t {
-  kInputNorm, kQkvCodes, kQkvScales, kQkvOffsets, kQkvBias,
-  kOutCodes, kOutScales, kOutOffsets,
-  kPostNorm, kGateUpCodes, kGateUpScales, kGateUpOffsets,
-  kDownCodes, kDownScales, kDownOffsets,
-  kSlots
+  kInputNorm, kQkv, kQkvBias = kQkv + 5, kOut, kPostNorm = kOut + 5, kGateUp, kDown = kGateUp + 5,
+  kSlots = kDown + 5
 };
+enum LinearPart : int64_t { kCodes, kScales, kOffsets, kFactors, kHighBits };
 
-using LinearFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+// The linear kernel whose ops the stack calls: the AVX2 8-row layout, or the AVX-512 VNNI 16-row
+// layout (whose MLP is one fused op, as the compiled graph calls it).
+enum class Kernel : int64_t { kRows8 = 8, kRows16 = 16 };
+
+using Rows8Fn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+using Rows16Fn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using Rows16MlpFn = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                               const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
 using AttentionFn = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&,
-                         const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, bool);
+                         const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, bool, bool);
+
+// An empty tensor stands for an absent optional argument.
+inline std::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() && t.numel() > 0 ? std::optional<at::Tensor>(t) : std::nullopt;
+}
 
 template <typename T>
 inline float round_to(float v) {
@@ -128,13 +145,18 @@ struct DecoderStack : torch::CustomClassHolder {
   int64_t heads, kv_heads, head, group_size;
   double eps, scale;
   bool neox;
+  Kernel kernel;
+  bool amx_layout;  // the KV caches in vLLM's "amx" layout (decode_attention.cpp)
 
   DecoderStack(std::vector<at::Tensor> weights_, std::vector<at::Tensor> kv_caches_, std::vector<int64_t> windows_,
                at::Tensor final_norm_, at::Tensor cos_sin_, int64_t heads_, int64_t kv_heads_, int64_t head_,
-               int64_t group_size_, double eps_, double scale_, bool neox_)
+               int64_t group_size_, double eps_, double scale_, bool neox_, int64_t kernel_rows, bool amx_layout_)
       : weights(std::move(weights_)), kv_caches(std::move(kv_caches_)), windows(std::move(windows_)),
         final_norm(std::move(final_norm_)), cos_sin(std::move(cos_sin_)), heads(heads_), kv_heads(kv_heads_),
-        head(head_), group_size(group_size_), eps(eps_), scale(scale_), neox(neox_) {
+        head(head_), group_size(group_size_), eps(eps_), scale(scale_), neox(neox_),
+        kernel(static_cast<Kernel>(kernel_rows)), amx_layout(amx_layout_) {
+    TORCH_CHECK(kernel == Kernel::kRows8 || kernel == Kernel::kRows16,
+                "DecoderStack: the linear kernel is named by its tile rows, 8 or 16, got ", kernel_rows);
     const int64_t layers = static_cast<int64_t>(kv_caches.size());
     TORCH_CHECK(layers > 0 && static_cast<int64_t>(weights.size()) == layers * kSlots,
                 "DecoderStack: ", kSlots, " tensors a layer and one KV cache a layer, got ", weights.size(),
@@ -151,25 +173,62 @@ struct DecoderStack : torch::CustomClassHolder {
       TORCH_CHECK(w[kInputNorm].numel() == H && w[kPostNorm].numel() == H && w[kInputNorm].is_contiguous() &&
                       w[kPostNorm].is_contiguous(),
                   "DecoderStack: layer ", l, "'s norm weights must be contiguous with ", H, " elements");
-      TORCH_CHECK(w[kQkvCodes].size(0) == (heads + 2 * kv_heads) * head, "DecoderStack: layer ", l,
-                  "'s QKV linear has ", w[kQkvCodes].size(0), " outputs, not (heads + 2 kv heads) x head size");
-      TORCH_CHECK(!w[kQkvBias].defined() || w[kQkvBias].numel() == 0 ||
-                      w[kQkvBias].numel() == w[kQkvCodes].size(0),
+      TORCH_CHECK(w[kQkv].size(0) == (heads + 2 * kv_heads) * head, "DecoderStack: layer ", l,
+                  "'s QKV linear has ", w[kQkv].size(0), " outputs, not (heads + 2 kv heads) x head size");
+      TORCH_CHECK(!w[kQkvBias].defined() || w[kQkvBias].numel() == 0 || w[kQkvBias].numel() == w[kQkv].size(0),
                   "DecoderStack: layer ", l, "'s QKV bias does not match its outputs");
-      TORCH_CHECK(w[kGateUpCodes].size(0) % 2 == 0 && w[kDownCodes].size(1) * 2 == w[kGateUpCodes].size(0) / 2,
+      TORCH_CHECK(w[kGateUp].size(0) % 2 == 0 && w[kDown].size(1) * 2 == w[kGateUp].size(0) / 2,
                   "DecoderStack: layer ", l, "'s gate/up and down linears do not match");
+      if (kernel == Kernel::kRows8)
+        for (const int64_t linear : {kQkv, kOut, kGateUp, kDown})
+          TORCH_CHECK(!optional(w[linear + kFactors]) && !optional(w[linear + kHighBits]), "DecoderStack: layer ", l,
+                      ": the rows8 kernel takes no group factors or 6-bit top bits");
     }
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(kv_caches.size()); }
 
+  // A linear (p: its five tensors) on the stack's kernel.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor* p) const {
+    if (kernel == Kernel::kRows16) {
+      static const auto mm = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("edge_cpu_int4::w4a8_vnni_rows16_mm", "")
+                                 .typed<Rows16Fn>();
+      return mm.call(x, p[kCodes], p[kScales], p[kOffsets], group_size, optional(p[kFactors]),
+                     optional(p[kHighBits]));
+    }
+    static const auto mm = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("edge_cpu_int4::w4a8_avx2_rows8_mm", "")
+                               .typed<Rows8Fn>();
+    return mm.call(x, p[kCodes], p[kScales], p[kOffsets], group_size);
+  }
+
+  // down(silu(gate) * up) on rows16: the one op the compiled graph calls for the MLP.
+  at::Tensor rows16_mlp(const at::Tensor& x, const at::Tensor* gate_up, const at::Tensor* down) const {
+    static const auto mlp = c10::Dispatcher::singleton()
+                                .findSchemaOrThrow("edge_cpu_int4::w4a8_vnni_rows16_silu_mlp", "")
+                                .typed<Rows16MlpFn>();
+    return mlp.call(x, gate_up[kCodes], gate_up[kScales], gate_up[kOffsets], group_size, down[kCodes],
+                    down[kScales], down[kOffsets], group_size, optional(gate_up[kFactors]),
+                    optional(down[kFactors]), optional(gate_up[kHighBits]), optional(down[kHighBits]));
+  }
+
+  // The same on rows8: gate/up, SiLU-and-multiply here, down.
+  template <typename T>
+  at::Tensor rows8_mlp(const at::Tensor& x, const at::Tensor* w) const {
+    const at::Tensor gate_up = linear(x, w + kGateUp);
+    const int64_t M = x.size(0), I = gate_up.size(1) / 2;
+    at::Tensor act = at::empty({M, I}, x.options());
+    const T* g = gate_up.data_ptr<T>();
+    T* a = act.data_ptr<T>();
+    for (int64_t r = 0; r < M; ++r) silu_mul<T>(g + r * 2 * I, I, a + r * I);
+    return linear(act, w + kDown);
+  }
+
   // x: [tokens, hidden] (the embedded tokens); returns the final norm's output. One token a
   // request: row r of x is request r's query.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& slot_mapping,
                      const at::Tensor& block_table, const at::Tensor& seq_lens) {
-    static const auto linear = c10::Dispatcher::singleton()
-                                   .findSchemaOrThrow("edge_cpu_int4::w4a8_avx2_rows8_mm", "")
-                                   .typed<LinearFn>();
     static const auto attention =
         c10::Dispatcher::singleton().findSchemaOrThrow("edge_cpu::decode_attention", "").typed<AttentionFn>();
     const int64_t H = final_norm.numel();
@@ -197,7 +256,7 @@ struct DecoderStack : torch::CustomClassHolder {
         const at::Tensor* w = weights.data() + l * kSlots;
         add_rms_norm<T>(h.data_ptr<T>(), residual.data_ptr<T>(), l > 0, w[kInputNorm].data_ptr<T>(), eps,
                         hidden.data_ptr<T>(), M, H, row);
-        at::Tensor qkv = linear.call(hidden, w[kQkvCodes], w[kQkvScales], w[kQkvOffsets], group_size);
+        at::Tensor qkv = linear(hidden, w + kQkv);
         T* qp = qkv.data_ptr<T>();
         const int64_t width = qkv.size(1);
         const bool bias = w[kQkvBias].defined() && w[kQkvBias].numel() > 0;
@@ -212,17 +271,11 @@ struct DecoderStack : torch::CustomClassHolder {
         attention.call(qkv.narrow(1, 0, q_size).view({M, heads, head}),
                        qkv.narrow(1, q_size, kv_size).view({M, kv_heads, head}),
                        qkv.narrow(1, q_size + kv_size, kv_size).view({M, kv_heads, head}), kv_caches[l], attn_out,
-                       slot_mapping, block_table, seq_lens, scale, windows[l], true);
-        at::Tensor o = linear.call(attn_out, w[kOutCodes], w[kOutScales], w[kOutOffsets], group_size);
+                       slot_mapping, block_table, seq_lens, scale, windows[l], true, amx_layout);
+        at::Tensor o = linear(attn_out, w + kOut);
         add_rms_norm<T>(o.data_ptr<T>(), residual.data_ptr<T>(), true, w[kPostNorm].data_ptr<T>(), eps,
                         hidden.data_ptr<T>(), M, H, row);
-        at::Tensor gate_up = linear.call(hidden, w[kGateUpCodes], w[kGateUpScales], w[kGateUpOffsets], group_size);
-        const int64_t I = gate_up.size(1) / 2;
-        at::Tensor act = at::empty({M, I}, x.options());
-        const T* g = gate_up.data_ptr<T>();
-        T* a = act.data_ptr<T>();
-        for (int64_t r = 0; r < M; ++r) silu_mul<T>(g + r * 2 * I, I, a + r * I);
-        h = linear.call(act, w[kDownCodes], w[kDownScales], w[kDownOffsets], group_size);
+        h = kernel == Kernel::kRows16 ? rows16_mlp(hidden, w + kGateUp, w + kDown) : rows8_mlp<T>(hidden, w);
       }
       add_rms_norm<T>(h.data_ptr<T>(), residual.data_ptr<T>(), true, final_norm.data_ptr<T>(), eps,
                       hidden.data_ptr<T>(), M, H, row);
@@ -236,6 +289,6 @@ struct DecoderStack : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(edge_cpu, m) {
   m.class_<DecoderStack>("DecoderStack")
       .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<int64_t>, at::Tensor,
-                       at::Tensor, int64_t, int64_t, int64_t, int64_t, double, double, bool>())
+                       at::Tensor, int64_t, int64_t, int64_t, int64_t, double, double, bool, int64_t, bool>())
       .def("forward", &DecoderStack::forward);
 }
