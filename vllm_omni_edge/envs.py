@@ -222,7 +222,7 @@ FLAGS: tuple[Flag, ...] = (
            ("layerwise", "whole"), "layerwise"),
     Choice("VLLM_OMNI_EDGE_INT4_LAYOUTS", "cpu_int4 weights packed only (one); or packed plus a "
            "dense copy for prefill (two)", LEVER, ("quantization/kernels/base.py",), ("one", "two"), "one"),
-    Choice("VLLM_OMNI_EDGE_INT4_PREFILL", "rows16 calls of 32 rows or more: a bf16 GEMM on blocks "
+    Choice("VLLM_OMNI_EDGE_INT4_PREFILL", "rows16 calls of 96 rows or more: a bf16 GEMM on blocks "
            "dequantized from the 4-bit layout where the CPU has AMX (auto), on any CPU (bf16), or "
            "the W4A8 tiles as decode (w4a8)", LEVER, ("quantization/kernels/w4a8_avx512.py",),
            ("auto", "bf16", "w4a8"), "auto"),

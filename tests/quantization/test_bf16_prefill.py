@@ -170,6 +170,7 @@ def test_lever_and_cpu_decide_the_row_count(monkeypatch):
 def test_loading_a_layer_configures_the_op_and_says_so(monkeypatch, prefill_from):
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
     layer, _ = rows16_layer(16, 64, 32)  # process_weights configures the library
+    assert w4a8_avx512.configured_prefill_rows() == ROWS  # what the worker evidence records
     before = evidence.rows16_paths()["bf16_gemm"]
     op(layer, bf16_rows(ROWS, 64))
     assert evidence.rows16_paths()["bf16_gemm"] == before + 1

@@ -12,7 +12,7 @@ static order below, the last resort being the slowest:
    the stored layout; N a multiple of 8).
    ``avx512_w4a8_rows16``: VNNI on a 16-row interleaved copy of the weights (made at load,
    replacing the stored layout); the router's first float-offset kernel on x86-amx. On AMX
-   CPUs its calls of 32 rows or more (prefill) run a bf16 GEMM on blocks dequantized from
+   CPUs its calls of 96 rows or more (prefill) run a bf16 GEMM on blocks dequantized from
    that layout, inside the same op (``VLLM_OMNI_EDGE_INT4_PREFILL``).
 4. ``dequant``: pure PyTorch, any shape, slow.
 

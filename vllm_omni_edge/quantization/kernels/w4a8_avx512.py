@@ -60,10 +60,10 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
 # bf16 activations, the weights are dequantized a block of rows at a time into a per-thread
 # bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied by
 # at::mm (oneDNN's matmul; avx512_core_amx on an AMX CPU). Below it, and for decode, the
-# W4A8 tiles. The threshold is where dequantizing a layer costs less than the tiles' per-row
-# work it replaces (docs/edge/cpu-4bit.md); not yet measured on an AMX CPU:
-# vllm_omni_edge_bench/harness/int4_prefill_bench.py sweeps it.
-PREFILL_MIN_ROWS = 32
+# W4A8 tiles. The threshold is the smallest row count from which this path is faster than the
+# tiles on an AMX CPU (docs/edge/cpu-4bit.md; vllm_omni_edge_bench/harness/int4_prefill_bench.py
+# sweeps it).
+PREFILL_MIN_ROWS = 96
 # One block's bf16 weights stay in a core's L2 while oneDNN reads them (block size swept by
 # int4_prefill_bench).
 PREFILL_BLOCK_BYTES = 2 << 20
@@ -82,11 +82,23 @@ def prefill_min_rows(features: CpuFeatures) -> int:
     return PREFILL_MIN_ROWS
 
 
+# The row count configure_prefill last set in this process (None: no rows16 layer loaded here).
+_configured_prefill_rows: int | None = None
+
+
 def configure_prefill(features: CpuFeatures | None = None) -> int:
     """Tell the loaded op library from which row count to prefill on the bf16 GEMM; that count."""
+    global _configured_prefill_rows
     rows = prefill_min_rows(features or CpuFeatures.detect())
     torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES)
+    _configured_prefill_rows = rows
     return rows
+
+
+def configured_prefill_rows() -> int | None:
+    """From which row count this process's rows16 ops prefill on the bf16 GEMM (0: never); None
+    when no rows16 layer was loaded here."""
+    return _configured_prefill_rows
 
 
 def prefill_path_summary(rows: int) -> str:
