@@ -3,6 +3,9 @@
     python -m vllm_omni_edge_bench.harness.int4_prefill_bench [--rows 1,8,16,32,64,512] [--passes 5]
         [--block-mib 0.5,2,8] [--threads N] [--clock wall|thread] [--json OUT]
 
+``--json`` writes the medians with the box and commit; a results directory holding it as
+``int4_prefill_bench.json`` is read by the results index.
+
 For each row count M, the four linears of one Qwen2.5-1.5B decoder layer (qkv 1536x2048,
 o 1536x1536, gate_up 1536x17920, down 8960x1536; group 32, synthetic weights) are timed on
 ``w4a8_vnni_rows16_mm`` with the op's prefill row count set to 0 (W4A8 tiles) and to 1 (the
@@ -106,9 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     crossover = next((int(M) for M, med in results.items() if med["bf16"] < med["w4a8"]), None)
     print(f"smallest swept row count where the bf16 path wins: {crossover}")
     if args.json:
+        from vllm_omni_edge_bench.harness.provenance import cpu_description, git_state, now_iso
+
         with open(args.json, "w") as fh:
-            json.dump({"threads": torch.get_num_threads(), "clock": args.clock, "layer_ms": results, "block_ms_512": blocks,
-                       "crossover_rows": crossover}, fh, indent=1)
+            json.dump({"threads": torch.get_num_threads(), "clock": args.clock, "passes": args.passes,
+                       "layer_ms": results, "block_ms_512": blocks, "crossover_rows": crossover,
+                       "cpu": cpu_description(), "git": git_state(), "recorded_at": now_iso()}, fh, indent=1)
     return 0
 
 

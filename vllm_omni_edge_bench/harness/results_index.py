@@ -157,9 +157,19 @@ def _spoken_question(run: Path) -> tuple[str, dict | str | None] | None:
             f"per-stage PSS and latency", where)
 
 
+def _int4_prefill_bench(run: Path) -> tuple[str, dict | str | None] | None:
+    if not (run / "int4_prefill_bench.json").is_file():
+        return None
+    record = _json(run / "int4_prefill_bench.json")
+    rows = ", ".join(record["layer_ms"])
+    return (f"rows16 prefill threshold sweep (int4_prefill_bench): W4A8 tiles vs bf16 GEMM vs dense at "
+            f"{rows} rows, {record['threads']} threads; the bf16 path wins from {record['crossover_rows']}",
+            record.get("cpu") or "named in notes.md")
+
+
 KINDS: tuple[Callable[[Path], tuple[str, Any] | None], ...] = (
     _grid, _kernel_paths, _decode_profile, _decode_decompose, _step_ab, _floor, _omni_stages, _reliability, _gguf_check, _gguf_requant,
-    _spoken_question)
+    _spoken_question, _int4_prefill_bench)
 
 
 def describe(run: Path) -> tuple[str, str]:
