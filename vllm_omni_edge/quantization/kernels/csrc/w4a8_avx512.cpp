@@ -475,9 +475,9 @@ void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, co
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
     at::ThreadLocalStateGuard tls_guard(tls);
     // oneDNN sizes its work split by omp_get_max_threads(), which inside this region still reads the
-    // team's size although a nested region runs on one thread: at some row counts (around 256) its
-    // split for two threads run serially took twice as long. One thread for this thread's own
-    // task (an OpenMP ICV of the implicit task: the caller's setting is unchanged after the region).
+    // team's size although a nested region runs on one thread: at some row counts its split for the
+    // whole team, run serially, was far slower (docs/edge/cpu-4bit.md). One thread for this thread's
+    // own task (an OpenMP ICV of the implicit task: the caller's setting is unchanged after the region).
     omp_set_num_threads(1);
     thread_local at::Tensor scratch;
     const int64_t elements = std::min(block_tiles, end - begin) * kTileRows * K;
