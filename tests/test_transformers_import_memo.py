@@ -80,6 +80,24 @@ def test_the_models_structure_is_the_same_and_remembered(cache):
     assert "models.extra" not in module.define_import_structure(models, prefix="models")[frozenset()]
 
 
+def test_the_models_package_asks_unprefixed_and_is_answered_from_the_same_scan(cache):
+    """transformers.models' own __init__ asks for its file with no prefix (on its first import)."""
+    module = _memo_module()
+    original = module.define_import_structure
+    patch._wrap_define_import_structure(module)
+    models = Path(module.__file__).resolve().parent.parent / "models"
+    package = models / "__init__.py"
+    expected = original(str(package))
+    assert expected and all(not name.startswith("models.") for modules in expected.values() for name in modules)
+    module.define_import_structure(models, prefix="models")  # transformers/__init__: computed, written
+    assert module.define_import_structure(str(package)) == expected
+    assert patch.record()[patch.MODELS] == {"remembered": 1, "computed": 1}
+    fresh = _memo_module()  # another process, the package first: read from the memo on disk
+    patch._wrap_define_import_structure(fresh)
+    assert fresh.define_import_structure(str(package)) == expected
+    assert patch.record()[patch.MODELS] == {"remembered": 2, "computed": 1}
+
+
 def test_other_calls_go_to_transformers(cache):
     module = _memo_module()
     calls = []
@@ -136,7 +154,8 @@ def test_a_fresh_interpreter_answers_from_the_memos(tmp_path):
     env.pop("VLLM_OMNI_EDGE_IMPORT_MEMO", None)
     runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
             for _ in range(2)]
-    assert [r.stdout.split() for r in runs] == [["0", "2", "qwen2"], ["2", "0", "qwen2"]]
+    # The models package (imported by Qwen2Config) is answered from the scan transformers/__init__ made.
+    assert [r.stdout.split() for r in runs] == [["1", "2", "qwen2"], ["3", "0", "qwen2"]]
     off = subprocess.run([sys.executable, "-c", code], env={**env, "VLLM_OMNI_EDGE_IMPORT_MEMO": "0"},
                          capture_output=True, text=True, check=True)
     assert off.stdout.split() == ["0", "0", "qwen2"]

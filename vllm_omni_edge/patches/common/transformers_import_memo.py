@@ -7,10 +7,11 @@ What: installed at interpreter start (``patches/early.py``), two memos on disk u
   in its module body (reading every installed distribution's file list): the mapping is kept
   keyed on the ``.dist-info`` / ``.egg-info`` entries of ``sys.path`` (paths and mtimes);
 - ``transformers.utils.import_utils.define_import_structure`` for transformers' ``models``
-  directory, which ``transformers/__init__`` calls at import (reading every model file's source
-  for its ``__all__``): wrapped when that module has run, before ``transformers/__init__`` binds
+  directory, which ``transformers/__init__`` calls at import and ``transformers.models``' own
+  ``__init__`` calls again (unprefixed) when it is first imported (each reading every model
+  file's source for its ``__all__``): wrapped when that module has run, before ``transformers/__init__`` binds
   the name; the structure is kept keyed on transformers' version and the directory's ``.py``
-  files (paths, sizes, mtimes). Other calls (a model package's own ``__init__``) go to
+  files (paths, sizes, mtimes). Other calls (one model's package, such as ``models/qwen2``) go to
   transformers' function; with a transformers other than 5.x it is not wrapped.
 
 A memo that is missing, unreadable or for another key is recomputed by the original function
@@ -174,7 +175,11 @@ def _wrap_define_import_structure(module) -> None:
         in_process: list = []  # the encoded structure once read or computed (transformers' __init__ runs twice)
 
         def define_import_structure(module_path, prefix=None):
-            if prefix != "models" or Path(module_path).resolve() != models:
+            path = Path(module_path).resolve()
+            # transformers/__init__ asks for the directory with the "models." prefix; the package's
+            # own __init__ (on its first attribute use) for its file, unprefixed: one scan answers both.
+            package = prefix is None and path == models / "__init__.py"
+            if not package and (prefix != "models" or path != models):
                 return original(module_path, prefix)
             if not in_process:
                 key = tree_key(models, importlib.metadata.version("transformers"))
@@ -188,7 +193,12 @@ def _wrap_define_import_structure(module) -> None:
                 in_process.append(encoded)
             else:
                 counts[MODELS]["remembered"] += 1
-            return decode_structure(in_process[0])  # new objects each call: the caller changes them
+            structure = decode_structure(in_process[0])  # new objects each call: the caller changes them
+            if package:
+                start = len("models.")
+                structure = {backends: {name[start:]: names for name, names in modules.items()}
+                             for backends, modules in structure.items()}
+            return structure
 
         return define_import_structure
 
