@@ -25,7 +25,13 @@ VNNI_OK, VNNI_WHY = Avx512VnniRows16W4A8Kernel.can_implement(
     CpuFeatures.detect(), 32, 64, 16, torch.float32, float_zero=True) if LOADED else (False, WHY)
 pytestmark = pytest.mark.skipif(not VNNI_OK, reason=f"avx512_w4a8_rows16 cannot run here: {VNNI_WHY}")
 
-ROWS = w4a8_avx512.PREFILL_MIN_ROWS
+# The row count the tests set: the larger of the two GEMMs' thresholds (the tail past whole 32-row
+# slices and the W4A8 side below it are exercised on both).
+ROWS = max(w4a8_avx512.PREFILL_MIN_ROWS.values())
+AMX_OK = VNNI_OK and w4a8_avx512.amx_bf16_usable()
+GEMMS = [pytest.param(w4a8_avx512.GEMM_ONEDNN, id="onednn"),
+         pytest.param(w4a8_avx512.GEMM_AMX, id="amx-tiles",
+                      marks=pytest.mark.skipif(not AMX_OK, reason="AMX BF16 tiles are not usable on this CPU"))]
 # bf16 output rounding (2^-9 relative per element, about 0.2 % over a vector) is all the bf16
 # path adds to the exact product of the dequantized weights; the W4A8 path adds its int8
 # activation rounding (0.4-1.5 % here) on top.
@@ -33,13 +39,14 @@ BF16_TOLERANCE = 4e-3
 W4A8_TOLERANCE = 0.02
 
 
-@pytest.fixture
+@pytest.fixture(params=GEMMS)
 def prefill_from(request):
-    """Set the op's prefill row count (and block bytes) for one test; back to the lever after."""
+    """Set the op's prefill row count (and block bytes) on one GEMM for one test (each test runs on
+    both GEMMs); back to the lever after."""
     ops = torch.ops.edge_cpu_int4
 
     def set_rows(rows: int, block_bytes: int = w4a8_avx512.PREFILL_BLOCK_BYTES) -> None:
-        ops.set_bf16_prefill(rows, block_bytes)
+        ops.set_bf16_prefill(rows, block_bytes, request.param)
 
     yield set_rows
     w4a8_avx512.configure_prefill()
@@ -75,8 +82,10 @@ def test_dequantized_blocks_are_exactly_the_stored_weights(N, K, g, portable):
     assert torch.equal(kn, int4.dequantize(qweight, scales, offsets, dtype=torch.bfloat16).t())
 
 
-# N = 16 (one tile), 48 with blocks of one tile each (several at::mm calls), Qwen's down K.
-@pytest.mark.parametrize("N,K,g,block_bytes", [(16, 64, 32, 1 << 20), (48, 512, 64, 1), (32, 8960, 32, 1 << 20)])
+# N = 16 (one tile: an odd tile on the AMX tiles), 48 with blocks of one tile each (several GEMM
+# calls), Qwen's down K; 99 rows (three whole 32-row slices and a tail of 3).
+@pytest.mark.parametrize("N,K,g,block_bytes", [(16, 64, 32, 1 << 20), (48, 512, 64, 1), (32, 8960, 32, 1 << 20),
+                                                (96, 1536, 32, 2 << 20)])
 def test_prefill_is_the_bf16_product_of_the_dequantized_weights(prefill_from, N, K, g, block_bytes):
     layer, stored = rows16_layer(N, K, g)
     dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)  # the 8-bit group codes' weights
@@ -160,23 +169,49 @@ def test_lever_and_cpu_decide_the_row_count(monkeypatch):
     amx = CpuFeatures(capability="AVX512", amx=True, vllm_w4a8_op=False)
     no_amx = CpuFeatures(capability="AVX512", amx=False, vllm_w4a8_op=False)
     monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL", raising=False)
-    assert w4a8_avx512.prefill_min_rows(amx) == ROWS and w4a8_avx512.prefill_min_rows(no_amx) == 0
+    monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", raising=False)
+    here = w4a8_avx512.PREFILL_MIN_ROWS[w4a8_avx512.prefill_gemm()]
+    assert w4a8_avx512.prefill_min_rows(amx) == here and w4a8_avx512.prefill_min_rows(no_amx) == 0
+    for gemm, rows in w4a8_avx512.PREFILL_MIN_ROWS.items():
+        assert w4a8_avx512.prefill_min_rows(amx, gemm) == rows
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
-    assert w4a8_avx512.prefill_min_rows(no_amx) == ROWS
+    assert w4a8_avx512.prefill_min_rows(no_amx) == here
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
     assert w4a8_avx512.prefill_min_rows(amx) == 0
 
 
+def test_the_gemm_lever_and_the_cpu_pick_the_gemm(monkeypatch):
+    monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", raising=False)
+    assert w4a8_avx512.prefill_gemm() == (w4a8_avx512.GEMM_AMX if AMX_OK else w4a8_avx512.GEMM_ONEDNN)
+    assert AMX_OK == ("amx_bf16" in __import__("vllm_omni_edge.cpu_features").cpu_features.cpu_flags())
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", "onednn")
+    assert w4a8_avx512.prefill_gemm() == w4a8_avx512.GEMM_ONEDNN
+    monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", "tiles")
+    with pytest.raises(Exception, match="VLLM_OMNI_EDGE_INT4_PREFILL_GEMM"):
+        w4a8_avx512.prefill_gemm()
+
+
+def test_asking_for_amx_tiles_without_them_is_refused():
+    if AMX_OK:
+        pytest.skip("this CPU has usable AMX BF16 tiles")
+    with pytest.raises(RuntimeError, match="gemm=1 needs AMX BF16 tiles"):
+        torch.ops.edge_cpu_int4.set_bf16_prefill(32, 2 << 20, 1)
+
+
 def test_loading_a_layer_configures_the_op_and_says_so(monkeypatch, prefill_from):
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "bf16")
+    monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", raising=False)
     layer, _ = rows16_layer(16, 64, 32)  # process_weights configures the library
-    assert w4a8_avx512.configured_prefill_rows() == ROWS  # what the worker evidence records
+    gemm = w4a8_avx512.prefill_gemm()
+    rows = w4a8_avx512.PREFILL_MIN_ROWS[gemm]
+    assert w4a8_avx512.configured_prefill_rows() == rows  # what the worker evidence records
+    assert w4a8_avx512.configured_prefill_gemm() == w4a8_avx512.GEMM_NAMES[gemm]
     before = evidence.rows16_paths()["bf16_gemm"]
-    op(layer, bf16_rows(ROWS, 64))
+    op(layer, bf16_rows(rows, 64))
     assert evidence.rows16_paths()["bf16_gemm"] == before + 1
     ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
                                                         float_zero=True)
-    assert ok and f">= {ROWS} rows" in why
+    assert ok and f">= {rows} rows" in why and ("AMX tiles" in why) == (gemm == w4a8_avx512.GEMM_AMX)
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
     ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
                                                         float_zero=True)

@@ -161,17 +161,22 @@ def test_rows16_dequantize_reads_the_top_bits_exactly(portable):
 
 
 @needs_vnni
-def test_bf16_prefill_path_on_a_6bit_layer(monkeypatch):
+@pytest.mark.parametrize("gemm", [0, 1], ids=["onednn", "amx-tiles"])
+def test_bf16_prefill_path_on_a_6bit_layer(monkeypatch, gemm):
+    from vllm_omni_edge.quantization.kernels.w4a8_avx512 import amx_bf16_usable, configure_prefill
+
+    if gemm and not amx_bf16_usable():
+        pytest.skip("AMX BF16 tiles are not usable on this CPU")
     layer, weight, _ = six_bit_layer(64, 576, act_dtype=torch.bfloat16)
     kernel = Avx512VnniRows16W4A8Kernel()
     kernel.process_weights(layer)
     x = torch.randn(40, 576, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     before = OPS.rows16_path_counts()
-    OPS.set_bf16_prefill(32, 2 << 20)
+    OPS.set_bf16_prefill(32, 2 << 20, gemm)
     try:
         out = kernel.apply(layer, x, None)
     finally:
-        OPS.set_bf16_prefill(0, 2 << 20)
+        configure_prefill()
     assert OPS.rows16_path_counts()[1] == before[1] + 1
     want = F.linear(x.float(), weight.to(torch.bfloat16).float())
     assert relative_error(out, want) < 8e-3  # bf16 output rounding only

@@ -23,6 +23,7 @@ EMBED_PREPACK_ENV = "VLLM_OMNI_EDGE_EMBED_PREPACK"
 INT4_LOAD_ENV = "VLLM_OMNI_EDGE_INT4_LOAD"
 INT4_LAYOUTS_ENV = "VLLM_OMNI_EDGE_INT4_LAYOUTS"
 INT4_PREFILL_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL"
+INT4_PREFILL_GEMM_ENV = "VLLM_OMNI_EDGE_INT4_PREFILL_GEMM"
 INT4_GROUP_CODES_ENV = "VLLM_OMNI_EDGE_INT4_GROUP_CODES"
 SINGLE_PROCESS_ENV = "VLLM_OMNI_EDGE_SINGLE_PROCESS"
 HEAP_TRIM_ENV = "VLLM_OMNI_EDGE_HEAP_TRIM"
@@ -162,6 +163,12 @@ def int4_group_codes() -> bool:
     """``8bit``: the rows16 kernel keeps each group's scale and offset as one-byte codes under
     per-superblock factors (quantization/group_codes.py); ``bf16``: as stored (the A/B arm)."""
     return envs.get(INT4_GROUP_CODES_ENV) == "8bit"
+
+
+def int4_prefill_gemm() -> str:
+    """``auto``: the rows16 bf16 prefill path on the op's AMX tiles where AMX BF16 is usable;
+    ``onednn``: on oneDNN's matmul everywhere (the A/B arm)."""
+    return envs.get(INT4_PREFILL_GEMM_ENV)
 
 
 def int4_prefill_mode() -> str:

@@ -162,8 +162,11 @@ def _int4_prefill_bench(run: Path) -> tuple[str, dict | str | None] | None:
         return None
     record = _json(run / "int4_prefill_bench.json")
     rows = ", ".join(record["layer_ms"])
-    return (f"rows16 prefill threshold sweep (int4_prefill_bench): W4A8 tiles vs bf16 GEMM vs dense at "
-            f"{rows} rows, {record['threads']} threads; the bf16 path wins from {record['crossover_rows']}",
+    gemms = "oneDNN and AMX tiles" if "amx" in next(iter(record["layer_ms"].values()), {}) else "oneDNN"
+    return (f"rows16 prefill threshold sweep (int4_prefill_bench): W4A8 tiles vs bf16 path ({gemms}) vs dense "
+            f"at {rows} rows, {record['threads']} threads; the bf16 path on "
+            f"{ {'bf16': 'oneDNN', 'amx': 'AMX tiles'}[record.get('crossover_gemm', 'bf16')]} wins from "
+            f"{record['crossover_rows']}",
             record.get("cpu") or "named in notes.md")
 
 

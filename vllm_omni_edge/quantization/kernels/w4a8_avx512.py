@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from vllm_omni_edge.cpu_features import CpuFeatures, cpu_flags
-from vllm_omni_edge.levers import int4_group_codes, int4_prefill_mode
+from vllm_omni_edge.levers import int4_group_codes, int4_prefill_gemm, int4_prefill_mode
 from vllm_omni_edge.quantization.kernels.base import (
     as_2d,
     dense_prefill,
@@ -56,21 +56,31 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
     return (packed, *codes)
 
 
-# Prefill on the rows16 ops (csrc ``rows16_bf16_mm``): from this many activation rows per call,
-# bf16 activations, the weights are dequantized a block of rows at a time into a per-thread
-# bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied by
-# at::mm (oneDNN's matmul; avx512_core_amx on an AMX CPU). Below it, and for decode, the
-# W4A8 tiles. The threshold is the smallest row count from which this path is faster than the
-# tiles on an AMX CPU (docs/edge/cpu-4bit.md; vllm_omni_edge_bench/harness/int4_prefill_bench.py
-# sweeps it).
-PREFILL_MIN_ROWS = 96
-# One block's bf16 weights stay in a core's L2 while oneDNN reads them (block size swept by
+# Prefill on the rows16 ops (csrc ``rows16_bf16_mm``): from a number of activation rows per
+# call up, bf16 activations, the weights are dequantized a block of rows at a time into a
+# per-thread bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied
+# on one of two GEMMs (set_bf16_prefill's gemm):
+# - GEMM_AMX: the op's own AMX tiles (tdpbf16ps), the block dequantized straight into the
+#   tiles' k-pair layout; where AMX BF16 is usable (the lever's auto);
+# - GEMM_ONEDNN: at::mm on the block as [K, rows] (oneDNN's matmul, which repacks every block).
+# Below the threshold, and for decode, the W4A8 tiles. Each GEMM's threshold is the smallest
+# row count from which it beats the tiles on an AMX CPU (docs/edge/cpu-4bit.md;
+# vllm_omni_edge_bench/harness/int4_prefill_bench.py sweeps both).
+GEMM_ONEDNN, GEMM_AMX = 0, 1
+GEMM_NAMES = {GEMM_ONEDNN: "onednn", GEMM_AMX: "amx_tiles"}
+PREFILL_MIN_ROWS = {GEMM_ONEDNN: 96, GEMM_AMX: 32}
+# One block's bf16 weights stay in a core's L2 while the GEMM reads them (block size swept by
 # int4_prefill_bench).
 PREFILL_BLOCK_BYTES = 2 << 20
 
 
-def prefill_min_rows(features: CpuFeatures) -> int:
-    """Rows from which the rows16 ops take the bf16 GEMM on this CPU; 0 = never.
+def prefill_gemm() -> int:
+    """The bf16 prefill path's GEMM in this process: the AMX tiles where usable (lever ``auto``)."""
+    return GEMM_AMX if int4_prefill_gemm() == "auto" and amx_bf16_usable() else GEMM_ONEDNN
+
+
+def prefill_min_rows(features: CpuFeatures, gemm: int | None = None) -> int:
+    """Rows from which the rows16 ops take the bf16 path on this CPU; 0 = never.
 
     ``auto`` takes it only where the CPU has AMX: without AMX oneDNN's bf16 matmul
     (avx512_core_bf16 or below) is no faster than the W4A8 tiles, so they keep prefill.
@@ -79,33 +89,52 @@ def prefill_min_rows(features: CpuFeatures) -> int:
     mode = int4_prefill_mode()
     if mode == "w4a8" or (mode == "auto" and not features.amx):
         return 0
-    return PREFILL_MIN_ROWS
+    return PREFILL_MIN_ROWS[prefill_gemm() if gemm is None else gemm]
 
 
-# The row count configure_prefill last set in this process (None: no rows16 layer loaded here).
-_configured_prefill_rows: int | None = None
+# What configure_prefill last set in this process: (row count, GEMM); None: no rows16 layer loaded here.
+_configured_prefill: tuple[int, int] | None = None
+
+
+def amx_bf16_usable() -> bool:
+    """AMX BF16 tiles usable by this process (the CPU has them, Linux granted the tile state)."""
+    try:
+        return bool(torch.ops.edge_cpu_int4.amx_bf16_usable())
+    except (AttributeError, RuntimeError):  # the op library is not loaded (or predates the op)
+        return False
 
 
 def configure_prefill(features: CpuFeatures | None = None) -> int:
-    """Tell the loaded op library from which row count to prefill on the bf16 GEMM; that count."""
-    global _configured_prefill_rows
-    rows = prefill_min_rows(features or CpuFeatures.detect())
-    torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES)
-    _configured_prefill_rows = rows
+    """Tell the loaded op library from which row count to prefill on the bf16 path, and on which
+    GEMM; that count."""
+    global _configured_prefill
+    gemm = prefill_gemm()
+    rows = prefill_min_rows(features or CpuFeatures.detect(), gemm)
+    torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES, gemm)
+    _configured_prefill = (rows, gemm)
     return rows
 
 
 def configured_prefill_rows() -> int | None:
-    """From which row count this process's rows16 ops prefill on the bf16 GEMM (0: never); None
+    """From which row count this process's rows16 ops prefill on the bf16 path (0: never); None
     when no rows16 layer was loaded here."""
-    return _configured_prefill_rows
+    return None if _configured_prefill is None else _configured_prefill[0]
 
 
-def prefill_path_summary(rows: int) -> str:
+def configured_prefill_gemm() -> str | None:
+    """The GEMM of this process's rows16 bf16 prefill path (``amx_tiles`` or ``onednn``); None
+    when no rows16 layer was loaded here or the path is off."""
+    if _configured_prefill is None or not _configured_prefill[0]:
+        return None
+    return GEMM_NAMES[_configured_prefill[1]]
+
+
+def prefill_path_summary(rows: int, gemm: int | None = None) -> str:
     if not rows:
         return "prefill on the same W4A8 tiles"
-    return (f"prefill (>= {rows} rows, bf16) on oneDNN bf16 GEMM from blocks dequantized per call "
-            f"(scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)")
+    on = ("AMX tiles from blocks dequantized into their k-pair layout" if (prefill_gemm() if gemm is None else gemm)
+          == GEMM_AMX else "oneDNN bf16 GEMM from blocks dequantized per call")
+    return f"prefill (>= {rows} rows, bf16) on {on} (scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)"
 
 
 class Avx512VnniRows16W4A8Kernel(Avx2W4A8Kernel):

@@ -18,10 +18,13 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -340,12 +343,37 @@ std::atomic<int64_t> g_prefill_min_rows{0};
 std::atomic<int64_t> g_prefill_block_bytes{4 << 20};
 // Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 GEMM.
 std::atomic<int64_t> g_rows16_calls[2];
+// The bf16 path's GEMM: kGemmOneDnn (at::mm on a block dequantized to [K, rows]) or kGemmAmx
+// (AMX tiles on a block dequantized straight into the tiles' k-pair layout, see rows16_amx_mm).
+constexpr int64_t kGemmOneDnn = 0, kGemmAmx = 1;
+std::atomic<int64_t> g_prefill_gemm{kGemmOneDnn};
 
-void set_bf16_prefill(int64_t min_rows, int64_t block_bytes) {
+// AMX BF16 tiles usable by this process: the CPU has them and Linux granted the tile state
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; granting is per process, asking twice is harmless).
+bool amx_bf16_ready() {
+  static const bool ready = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16") ||
+        !__builtin_cpu_supports("avx512bf16")) {
+      return false;
+    }
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ready;
+}
+
+void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm) {
   TORCH_CHECK(min_rows >= 0, "set_bf16_prefill: min_rows must be >= 0 (0 = off), got ", min_rows);
   TORCH_CHECK(block_bytes > 0, "set_bf16_prefill: block_bytes must be > 0, got ", block_bytes);
+  TORCH_CHECK(gemm == kGemmOneDnn || gemm == kGemmAmx,
+              "set_bf16_prefill: gemm must be 0 (oneDNN) or 1 (AMX tiles), got ", gemm);
+  TORCH_CHECK(gemm != kGemmAmx || amx_bf16_ready(),
+              "set_bf16_prefill: gemm=1 needs AMX BF16 tiles (amx-tile, amx-bf16, avx512bf16) and Linux's "
+              "grant of tile state; this CPU or process has not got them");
   g_prefill_min_rows = min_rows;
   g_prefill_block_bytes = block_bytes;
+  g_prefill_gemm = gemm;
 }
 
 std::vector<int64_t> rows16_path_counts() { return {g_rows16_calls[0].load(), g_rows16_calls[1].load()}; }
@@ -453,6 +481,168 @@ void dequantize_rows16_block(const uint8_t* w, const uint8_t* wh, const Groups& 
   });
 }
 
+// ---- The bf16 path on AMX tiles ----
+// A B tile of tdpbf16ps holds 16 rows of k pairs: row r is the 16 output columns' (k = 2r, 2r + 1)
+// bf16 pairs. Dequantizing a 32-k block of one 16-row weight tile straight into that layout (1 KiB)
+// spares the GEMM its own repacking of every freshly dequantized block.
+#define EDGE_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-bf16")))
+constexpr int64_t kPairTile = kTileRows * kBlock;  // bf16 elements of one B tile: 16 pair rows x 32
+
+// One 32-k block (block b, group g) of one tile of the 16-row layout as a B tile: the values of
+// dequantize_tile_block_bf16 (the same rounding), rows (k = 2r, 2r + 1) instead of rows k.
+template <typename Groups>
+EDGE_AMX void dequantize_tile_block_pairs(const uint8_t* wb, const uint8_t* hb, const Groups& meta, int64_t g,
+                                          uint16_t* d) {
+  const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
+  // [even k x16, odd k x16] -> [even 0, odd 0, even 1, odd 1, ...]
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(wb + c * 64);
+    const uint8_t* hc = hb ? hb + c * 32 : nullptr;
+    for (int high = 0; high < 2; ++high) {  // low nibbles hold k = 8c + i, high ones 8c + 4 + i
+      for (int i = 0; i < 4; i += 2) {
+        const __m512 even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * i + 4 * high)), s, m);
+        const __m512 odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * (i + 1) + 4 * high)), s, m);
+        const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+        _mm512_storeu_si512(d + (4 * c + 2 * high + i / 2) * 2 * kTileRows, _mm512_permutexvar_epi16(pairs, both));
+      }
+    }
+  }
+}
+
+// Tiles [t0, t1) of a 16-row weight as B tiles: panel[(t - t0) * K / 32 + b] is block b of tile t.
+template <typename Groups>
+void dequantize_rows16_pairs(const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K, int64_t group_size,
+                             int64_t t0, int64_t t1, uint16_t* panel) {
+  const int64_t groups = K / group_size, blocks = K / kBlock, blocks_per_group = group_size / kBlock;
+  for (int64_t t = t0; t < t1; ++t) {
+    const Groups tile = meta.tile(t, groups);
+    const uint8_t* wt = w + t * kTileRows * (K / 2);
+    const uint8_t* ht = wh ? wh + t * kTileRows * (K / 4) : nullptr;
+    uint16_t* pt = panel + (t - t0) * blocks * kPairTile;
+    for (int64_t b = 0; b < blocks; ++b) {
+      dequantize_tile_block_pairs(wt + b * kTileBlockBytes, ht ? ht + b * kTileBlockHighBytes : nullptr, tile,
+                                  b / blocks_per_group, pt + b * kPairTile);
+    }
+  }
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Eight tiles of 16 rows x 64 bytes: 0-3 the fp32 sums of a 32 x 32 output block, 4-5 two 16-row
+// slices of activations (32 k), 6-7 two B tiles (32 columns).
+EDGE_AMX void load_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  // GCC treats ldtilecfg's operand as unread and drops the stores above without a barrier.
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+// 32 rows of fp32 sums (row stride 32) to bf16 out rows, `rows` of them, `cols` (16 or 32) columns.
+EDGE_AMX void store_sums(const float* sums, int64_t rows, int64_t cols, uint16_t* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 lo = _mm512_loadu_ps(sums + r * 32);
+    if (cols == 32) {
+      const __m512 hi = _mm512_loadu_ps(sums + r * 32 + 16);
+      _mm512_storeu_si512(out + r * ldo, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * ldo), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo)));
+    }
+  }
+}
+
+// out[0 .. rows, 0 .. 32) (16 columns when b1 is null) = a 32-row slice of activations (row
+// stride lda elements, K / 32 blocks) times one or two tiles' B tiles (K / 32 each, contiguous):
+// four 16 x 16 fp32 sums in tiles 0-3 over two activation tiles (4, 5) and two B tiles (6, 7), the
+// most the eight tiles hold. The tiles' configuration is this thread's (load_tile_config).
+EDGE_AMX void amx_block(const uint16_t* a, int64_t lda, int64_t rows, const uint16_t* b0, const uint16_t* b1,
+                        int64_t K, uint16_t* out, int64_t ldo) {
+  alignas(64) float sums[32 * 32];
+  const int64_t blocks = K / kBlock, stride = lda * 2;
+  const uint16_t* a1 = a + 16 * lda;
+  _tile_zero(0);
+  _tile_zero(2);
+  if (b1) {
+    _tile_zero(1);
+    _tile_zero(3);
+    for (int64_t b = 0; b < blocks; ++b) {
+      _tile_loadd(4, a + b * kBlock, stride);
+      _tile_loadd(5, a1 + b * kBlock, stride);
+      _tile_loadd(6, b0 + b * kPairTile, 64);
+      _tile_loadd(7, b1 + b * kPairTile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(1, sums + 16, 128);
+    _tile_stored(3, sums + 16 * 32 + 16, 128);
+  } else {
+    for (int64_t b = 0; b < blocks; ++b) {
+      _tile_loadd(4, a + b * kBlock, stride);
+      _tile_loadd(5, a1 + b * kBlock, stride);
+      _tile_loadd(6, b0 + b * kPairTile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+  }
+  _tile_stored(0, sums, 128);
+  _tile_stored(2, sums + 16 * 32, 128);
+  store_sums(sums, rows, b1 ? 32 : 16, out, ldo);
+}
+
+EDGE_AMX void release_tiles() { _tile_release(); }
+
+// out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight, on AMX tiles. As
+// rows16_bf16_mm, the threads split N (whole tiles) in one parallel region and walk their share
+// a panel at a time (g_prefill_block_bytes of bf16): dequantize the panel as B tiles into the
+// thread's scratch, then its columns, two tiles at a time, against every 32 rows of x. Rows past the last whole 32 go through a
+// zero-padded copy.
+template <typename Groups>
+void rows16_amx_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K,
+                   int64_t N, int64_t group_size, at::Tensor& out) {
+  const int64_t M = x.size(0);
+  const int64_t panel_tiles = std::max<int64_t>(1, g_prefill_block_bytes.load(std::memory_order_relaxed) / (2 * K) / kTileRows);
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t whole = M / 32 * 32, tail = M - whole;
+  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<uint16_t> panel, padded;
+    const int64_t elements = std::min(panel_tiles, end - begin) * kTileRows * K;
+    if (static_cast<int64_t>(panel.size()) < elements) panel.resize(elements);
+    if (tail) {
+      padded.assign(32 * K, 0);
+      std::memcpy(padded.data(), xp + whole * K, tail * K * sizeof(uint16_t));
+    }
+    load_tile_config();
+    for (int64_t t0 = begin; t0 < end; t0 += panel_tiles) {
+      const int64_t t1 = std::min(end, t0 + panel_tiles);
+      dequantize_rows16_pairs(w, wh, meta, K, group_size, t0, t1, panel.data());
+      // Two tiles (32 columns) at a time against every 32 rows: their B tiles stay in this core's
+      // cache while the rows stream past.
+      for (int64_t t = t0; t < t1; t += 2) {
+        const uint16_t* b0 = panel.data() + (t - t0) * (K / kBlock) * kPairTile;
+        const uint16_t* b1 = t + 1 < t1 ? b0 + (K / kBlock) * kPairTile : nullptr;
+        uint16_t* columns = op + t * kTileRows;
+        for (int64_t m0 = 0; m0 < whole; m0 += 32) amx_block(xp + m0 * K, K, 32, b0, b1, K, columns + m0 * N, N);
+        if (tail) amx_block(padded.data(), K, tail, b0, b1, K, columns + whole * N, N);
+      }
+    }
+    release_tiles();
+  });
+}
+
 // Weight rows per dequantized block for an input of K features: the block's bytes within
 // g_prefill_block_bytes, whole tiles, at least one.
 int64_t prefill_block_rows(int64_t K, int64_t N) {
@@ -470,6 +660,10 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
 template <typename Groups>
 void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K,
                     int64_t N, int64_t group_size, at::Tensor& out) {
+  if (g_prefill_gemm.load(std::memory_order_relaxed) == kGemmAmx) {
+    rows16_amx_mm(x, w, wh, meta, K, N, group_size, out);
+    return;
+  }
   const int64_t block_tiles = prefill_block_rows(K, N) / kTileRows;
   const at::ThreadLocalState tls;  // inference mode and dispatch state, for the worker threads
   at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
@@ -864,8 +1058,9 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
   m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False, "
         "Tensor? factors=None, Tensor? high_bits=None) -> Tensor");
   m.def("interleave_rows16_high_bits_inplace(Tensor(a!) high_bits) -> ()");
-  m.def("set_bf16_prefill(int min_rows, int block_bytes) -> ()", &set_bf16_prefill);
+  m.def("set_bf16_prefill(int min_rows, int block_bytes, int gemm=0) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
+  m.def("amx_bf16_usable() -> bool", &amx_bf16_ready);
 }
 
 TORCH_LIBRARY_IMPL(edge_cpu_int4, CPU, m) {
