@@ -227,8 +227,9 @@ FLAGS: tuple[Flag, ...] = (
            "the W4A8 tiles as decode (w4a8)", LEVER, ("quantization/kernels/w4a8_avx512.py",),
            ("auto", "bf16", "w4a8"), "auto"),
     Choice("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", "the rows16 bf16 prefill path's GEMM: the op's own AMX "
-           "tiles on blocks dequantized into their k-pair layout where AMX BF16 is usable, else "
-           "oneDNN's matmul (auto); or oneDNN's matmul everywhere (onednn)", LEVER,
+           "tiles on blocks dequantized into their k-pair layout where AMX BF16 is usable (from 32 "
+           "rows; oneDNN from 384), else oneDNN's matmul (auto); or oneDNN's matmul everywhere, "
+           "from 96 rows (onednn)", LEVER,
            ("quantization/kernels/w4a8_avx512.py",), ("auto", "onednn"), "auto"),
     Choice("VLLM_OMNI_EDGE_INT4_GROUP_CODES", "avx512_w4a8_rows16 layers keep each group's scale "
            "and offset as one-byte codes under bf16 factors per superblock of groups, 4.625 bits a "

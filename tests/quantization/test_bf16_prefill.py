@@ -115,6 +115,28 @@ def test_the_row_count_picks_the_path(prefill_from):
     assert evidence.rows16_paths()["bf16_gemm"] == after["bf16_gemm"]
 
 
+@pytest.mark.skipif(not AMX_OK, reason="AMX BF16 tiles are not usable on this CPU")
+def test_amx_tiles_hand_large_calls_to_onednn():
+    """With the AMX tiles, calls of onednn_from_rows rows or more run on oneDNN; both give the product."""
+    ops = torch.ops.edge_cpu_int4
+    layer, stored = rows16_layer(64, 512, 32)
+    dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
+    try:
+        ops.set_bf16_prefill(32, w4a8_avx512.PREFILL_BLOCK_BYTES, w4a8_avx512.GEMM_AMX, 64)
+        for rows, on_tiles in ((40, 1), (63, 1), (64, 0), (100, 0)):
+            before = evidence.rows16_paths()
+            x = bf16_rows(rows, 512)
+            out = op(layer, x)
+            after = evidence.rows16_paths()
+            assert after["bf16_gemm"] - before["bf16_gemm"] == 1, rows
+            assert after["amx_tiles"] - before["amx_tiles"] == on_tiles, rows
+            assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE
+    finally:
+        w4a8_avx512.configure_prefill()
+    with pytest.raises(RuntimeError, match="onednn_from_rows must be >= 0"):
+        ops.set_bf16_prefill(32, 1 << 20, w4a8_avx512.GEMM_AMX, -1)
+
+
 def test_fused_mlp_prefill_matches_its_parts(prefill_from):
     H, I = 256, 512
     gate_up, _ = rows16_layer(2 * I, H, 32, seed=2)
@@ -212,6 +234,8 @@ def test_loading_a_layer_configures_the_op_and_says_so(monkeypatch, prefill_from
     ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
                                                         float_zero=True)
     assert ok and f">= {rows} rows" in why and ("AMX tiles" in why) == (gemm == w4a8_avx512.GEMM_AMX)
+    assert w4a8_avx512.configured_onednn_from_rows() == (
+        w4a8_avx512.AMX_ONEDNN_FROM_ROWS if gemm == w4a8_avx512.GEMM_AMX else None)
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL", "w4a8")
     ok, why = Avx512VnniRows16W4A8Kernel.can_implement(CpuFeatures.detect(), 32, 64, 16, torch.bfloat16,
                                                         float_zero=True)

@@ -10,9 +10,10 @@ and is logged); layers left unquantized
 every layer the config handed a method to has been processed, one INFO line summarises the
 choices.
 
-``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196}``: calls of the rows16 ops in this
+``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196, "amx_tiles": 140}``: calls of the rows16 ops in this
 process by the path the op took (the W4A8 tiles, or the bf16 GEMM it branches to for
-prefill); counted by the op itself, so it holds inside compiled graphs too.
+prefill, and of those the calls on its AMX tiles); counted by the op itself, so it holds inside
+compiled graphs too.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ def rows16_paths() -> dict[str, int]:
 
     counts = getattr(getattr(torch.ops, OP_NAMESPACE), "rows16_path_counts", None)
     try:
-        w4a8, bf16_gemm = counts() if counts is not None else (0, 0)
+        w4a8, bf16_gemm, amx_tiles = counts() if counts is not None else (0, 0, 0)
     except (RuntimeError, AttributeError):  # namespaces resolve ops lazily
-        w4a8, bf16_gemm = 0, 0
-    return {"w4a8": int(w4a8), "bf16_gemm": int(bf16_gemm)}
+        w4a8, bf16_gemm, amx_tiles = 0, 0, 0
+    # amx_tiles: the bf16_gemm calls that ran on the op's AMX tiles (the rest on oneDNN).
+    return {"w4a8": int(w4a8), "bf16_gemm": int(bf16_gemm), "amx_tiles": int(amx_tiles)}

@@ -61,7 +61,8 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
 # per-thread bf16 scratch of at most PREFILL_BLOCK_BYTES (rounded up to 16 rows) and multiplied
 # on one of two GEMMs (set_bf16_prefill's gemm):
 # - GEMM_AMX: the op's own AMX tiles (tdpbf16ps), the block dequantized straight into the
-#   tiles' k-pair layout; where AMX BF16 is usable (the lever's auto);
+#   tiles' k-pair layout; where AMX BF16 is usable (the lever's auto), below AMX_ONEDNN_FROM_ROWS
+#   rows (from there on oneDNN: the tiles' order re-reads activations that outgrow the cache);
 # - GEMM_ONEDNN: at::mm on the block as [K, rows] (oneDNN's matmul, which repacks every block).
 # Below the threshold, and for decode, the W4A8 tiles. Each GEMM's threshold is the smallest
 # row count from which it beats the tiles on an AMX CPU (docs/edge/cpu-4bit.md;
@@ -69,6 +70,9 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
 GEMM_ONEDNN, GEMM_AMX = 0, 1
 GEMM_NAMES = {GEMM_ONEDNN: "onednn", GEMM_AMX: "amx_tiles"}
 PREFILL_MIN_ROWS = {GEMM_ONEDNN: 96, GEMM_AMX: 32}
+# With GEMM_AMX, the row count from which a call runs on oneDNN instead (end-to-end sweep on the
+# AMX box, docs/edge/cpu-4bit.md).
+AMX_ONEDNN_FROM_ROWS = 384
 # One block's bf16 weights stay in a core's L2 while the GEMM reads them (block size swept by
 # int4_prefill_bench).
 PREFILL_BLOCK_BYTES = 2 << 20
@@ -110,7 +114,8 @@ def configure_prefill(features: CpuFeatures | None = None) -> int:
     global _configured_prefill
     gemm = prefill_gemm()
     rows = prefill_min_rows(features or CpuFeatures.detect(), gemm)
-    torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES, gemm)
+    torch.ops.edge_cpu_int4.set_bf16_prefill(rows, PREFILL_BLOCK_BYTES, gemm,
+                                             AMX_ONEDNN_FROM_ROWS if gemm == GEMM_AMX else 0)
     _configured_prefill = (rows, gemm)
     return rows
 
@@ -129,11 +134,20 @@ def configured_prefill_gemm() -> str | None:
     return GEMM_NAMES[_configured_prefill[1]]
 
 
+def configured_onednn_from_rows() -> int | None:
+    """With the AMX tiles, from which row count this process's bf16 path runs on oneDNN; None
+    otherwise."""
+    if configured_prefill_gemm() != GEMM_NAMES[GEMM_AMX]:
+        return None
+    return AMX_ONEDNN_FROM_ROWS
+
+
 def prefill_path_summary(rows: int, gemm: int | None = None) -> str:
     if not rows:
         return "prefill on the same W4A8 tiles"
-    on = ("AMX tiles from blocks dequantized into their k-pair layout" if (prefill_gemm() if gemm is None else gemm)
-          == GEMM_AMX else "oneDNN bf16 GEMM from blocks dequantized per call")
+    on = (f"AMX tiles from blocks dequantized into their k-pair layout (oneDNN from {AMX_ONEDNN_FROM_ROWS} rows)"
+          if (prefill_gemm() if gemm is None else gemm) == GEMM_AMX
+          else "oneDNN bf16 GEMM from blocks dequantized per call")
     return f"prefill (>= {rows} rows, bf16) on {on} (scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)"
 
 

@@ -341,12 +341,17 @@ EDGE_VNNI void quantize_rows_vnni(const T* x, int64_t M, int64_t K, int64_t grou
 std::atomic<int64_t> g_prefill_min_rows{0};
 // Bytes of one dequantized block; rows per block = bytes / (2 K), a multiple of kTileRows.
 std::atomic<int64_t> g_prefill_block_bytes{4 << 20};
-// Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 GEMM.
-std::atomic<int64_t> g_rows16_calls[2];
+// Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 path
+// (either GEMM), [2] those of [1] on the AMX tiles.
+std::atomic<int64_t> g_rows16_calls[3];
 // The bf16 path's GEMM: kGemmOneDnn (at::mm on a block dequantized to [K, rows]) or kGemmAmx
 // (AMX tiles on a block dequantized straight into the tiles' k-pair layout, see rows16_amx_mm).
 constexpr int64_t kGemmOneDnn = 0, kGemmAmx = 1;
 std::atomic<int64_t> g_prefill_gemm{kGemmOneDnn};
+// With kGemmAmx: from this many rows up the bf16 path runs on oneDNN after all (0: never), where
+// the AMX tiles' order (every 32-row slice of activations against each pair of tiles) re-reads
+// activations that no longer fit a core's cache.
+std::atomic<int64_t> g_prefill_onednn_from_rows{0};
 
 // AMX BF16 tiles usable by this process: the CPU has them and Linux granted the tile state
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; granting is per process, asking twice is harmless).
@@ -363,7 +368,7 @@ bool amx_bf16_ready() {
   return ready;
 }
 
-void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm) {
+void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm, int64_t onednn_from_rows) {
   TORCH_CHECK(min_rows >= 0, "set_bf16_prefill: min_rows must be >= 0 (0 = off), got ", min_rows);
   TORCH_CHECK(block_bytes > 0, "set_bf16_prefill: block_bytes must be > 0, got ", block_bytes);
   TORCH_CHECK(gemm == kGemmOneDnn || gemm == kGemmAmx,
@@ -371,12 +376,17 @@ void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm) {
   TORCH_CHECK(gemm != kGemmAmx || amx_bf16_ready(),
               "set_bf16_prefill: gemm=1 needs AMX BF16 tiles (amx-tile, amx-bf16, avx512bf16) and Linux's "
               "grant of tile state; this CPU or process has not got them");
+  TORCH_CHECK(onednn_from_rows >= 0, "set_bf16_prefill: onednn_from_rows must be >= 0 (0 = never), got ",
+              onednn_from_rows);
   g_prefill_min_rows = min_rows;
   g_prefill_block_bytes = block_bytes;
   g_prefill_gemm = gemm;
+  g_prefill_onednn_from_rows = onednn_from_rows;
 }
 
-std::vector<int64_t> rows16_path_counts() { return {g_rows16_calls[0].load(), g_rows16_calls[1].load()}; }
+std::vector<int64_t> rows16_path_counts() {
+  return {g_rows16_calls[0].load(), g_rows16_calls[1].load(), g_rows16_calls[2].load()};
+}
 
 bool bf16_prefill(const at::Tensor& x) {
   const int64_t min_rows = g_prefill_min_rows.load(std::memory_order_relaxed);
@@ -660,7 +670,9 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
 template <typename Groups>
 void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K,
                     int64_t N, int64_t group_size, at::Tensor& out) {
-  if (g_prefill_gemm.load(std::memory_order_relaxed) == kGemmAmx) {
+  const int64_t onednn_from = g_prefill_onednn_from_rows.load(std::memory_order_relaxed);
+  if (g_prefill_gemm.load(std::memory_order_relaxed) == kGemmAmx && (onednn_from == 0 || x.size(0) < onednn_from)) {
+    g_rows16_calls[2].fetch_add(1, std::memory_order_relaxed);
     rows16_amx_mm(x, w, wh, meta, K, N, group_size, out);
     return;
   }
@@ -1058,7 +1070,7 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
   m.def("rows16_dequantize(Tensor qweight, Tensor scales, Tensor offsets, int group_size, bool portable=False, "
         "Tensor? factors=None, Tensor? high_bits=None) -> Tensor");
   m.def("interleave_rows16_high_bits_inplace(Tensor(a!) high_bits) -> ()");
-  m.def("set_bf16_prefill(int min_rows, int block_bytes, int gemm=0) -> ()", &set_bf16_prefill);
+  m.def("set_bf16_prefill(int min_rows, int block_bytes, int gemm=0, int onednn_from_rows=0) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
   m.def("amx_bf16_usable() -> bool", &amx_bf16_ready);
 }
