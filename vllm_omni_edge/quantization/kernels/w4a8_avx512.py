@@ -142,12 +142,11 @@ def configured_onednn_from_rows() -> int | None:
     return AMX_ONEDNN_FROM_ROWS
 
 
-def prefill_path_summary(rows: int, gemm: int | None = None) -> str:
+def prefill_path_summary(rows: int) -> str:
     if not rows:
         return "prefill on the same W4A8 tiles"
     on = (f"AMX tiles from blocks dequantized into their k-pair layout (oneDNN from {AMX_ONEDNN_FROM_ROWS} rows)"
-          if (prefill_gemm() if gemm is None else gemm) == GEMM_AMX
-          else "oneDNN bf16 GEMM from blocks dequantized per call")
+          if prefill_gemm() == GEMM_AMX else "oneDNN bf16 GEMM from blocks dequantized per call")
     return f"prefill (>= {rows} rows, bf16) on {on} (scratch <= {PREFILL_BLOCK_BYTES >> 20} MiB per thread)"
 
 

@@ -617,13 +617,14 @@ EDGE_AMX void release_tiles() { _tile_release(); }
 // out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight, on AMX tiles. As
 // rows16_bf16_mm, the threads split N (whole tiles) in one parallel region and walk their share
 // a panel at a time (g_prefill_block_bytes of bf16): dequantize the panel as B tiles into the
-// thread's scratch, then its columns, two tiles at a time, against every 32 rows of x. Rows past the last whole 32 go through a
-// zero-padded copy.
+// thread's scratch, then its columns, two tiles at a time, against every 32 rows of x. Rows past
+// the last whole 32 go through a zero-padded copy.
 template <typename Groups>
 void rows16_amx_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K,
                    int64_t N, int64_t group_size, at::Tensor& out) {
   const int64_t M = x.size(0);
-  const int64_t panel_tiles = std::max<int64_t>(1, g_prefill_block_bytes.load(std::memory_order_relaxed) / (2 * K) / kTileRows);
+  const int64_t panel_tiles =
+      std::max<int64_t>(1, g_prefill_block_bytes.load(std::memory_order_relaxed) / (2 * K) / kTileRows);
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int64_t whole = M / 32 * 32, tail = M - whole;
