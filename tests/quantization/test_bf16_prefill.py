@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.quantization.helpers import int4_layer, relative_error, resident_dequantize
+from vllm_omni_edge.cpu_features import cpu_flags
 from vllm_omni_edge.quantization import evidence, int4
 from vllm_omni_edge.quantization.kernels import Avx512VnniRows16W4A8Kernel, CpuFeatures, native
 from vllm_omni_edge.quantization.kernels import w4a8_avx512
@@ -205,12 +206,22 @@ def test_lever_and_cpu_decide_the_row_count(monkeypatch):
 def test_the_gemm_lever_and_the_cpu_pick_the_gemm(monkeypatch):
     monkeypatch.delenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", raising=False)
     assert w4a8_avx512.prefill_gemm() == (w4a8_avx512.GEMM_AMX if AMX_OK else w4a8_avx512.GEMM_ONEDNN)
-    assert AMX_OK == ("amx_bf16" in __import__("vllm_omni_edge.cpu_features").cpu_features.cpu_flags())
+    assert AMX_OK == ("amx_bf16" in cpu_flags())
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", "onednn")
     assert w4a8_avx512.prefill_gemm() == w4a8_avx512.GEMM_ONEDNN
     monkeypatch.setenv("VLLM_OMNI_EDGE_INT4_PREFILL_GEMM", "tiles")
     with pytest.raises(Exception, match="VLLM_OMNI_EDGE_INT4_PREFILL_GEMM"):
         w4a8_avx512.prefill_gemm()
+
+
+def test_an_unknown_gemm_is_refused_by_name_and_changes_nothing(prefill_from):
+    layer, _ = rows16_layer(32, 256, 32)
+    prefill_from(ROWS)
+    with pytest.raises(RuntimeError, match=r"gemm must be 0 \(oneDNN\) or 1 \(AMX tiles\), got 2"):
+        torch.ops.edge_cpu_int4.set_bf16_prefill(1, 2 << 20, 2)
+    before = evidence.rows16_paths()
+    op(layer, bf16_rows(ROWS - 1, 256))  # the row count set before the refused call still holds
+    assert evidence.rows16_paths()["w4a8"] == before["w4a8"] + 1
 
 
 def test_asking_for_amx_tiles_without_them_is_refused():
