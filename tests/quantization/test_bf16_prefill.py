@@ -156,6 +156,36 @@ def test_fused_mlp_prefill_matches_its_parts(prefill_from):
     assert relative_error(silu_mlp(gate_up, down, x), parts) < 0.03  # the W4A8 MLP, for scale
 
 
+def test_fused_mlp_rounds_silu_and_mul_to_nearest_even(prefill_from):
+    """h = silu(gate) * up is rounded to bf16 as torch rounds it (nearest, ties to even): with a
+    diagonal down projection each output is one h times one weight, exact in fp32 before the
+    output's own rounding, so the fused op's output must equal torch's h times the weights,
+    up to the exp of a few elements landing on the other side of a rounding boundary."""
+    H = I = 256
+    gate_up, _ = rows16_layer(2 * I, H, 32, seed=7)
+    diagonal = torch.diag(torch.rand(I, generator=torch.Generator().manual_seed(8)) * 0.5 + 0.25)
+    qweight, scales, zeros = int4.quantize(diagonal, 32)
+    down = torch.nn.Module()
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
+        down.register_parameter(name, torch.nn.Parameter(t.clone(), requires_grad=False))
+    down.int4_in_features, down.int4_group_size, down.int4_act_dtype = I, 32, torch.bfloat16
+    kernel = Avx512VnniRows16W4A8Kernel()
+    kernel.process_weights(down)
+    down.int4_kernel, down.bias = kernel, None
+    weights = resident_dequantize(down, qweight, scales, zeros, dtype=torch.bfloat16).diagonal().float()
+    assert torch.count_nonzero(resident_dequantize(down, qweight, scales, zeros)) == I  # diagonal as stored
+    x = bf16_rows(ROWS + 7, H, seed=9) * 4  # gates well into both tails of the SiLU
+    prefill_from(ROWS)
+    fused = silu_mlp(gate_up, down, x)
+    y = op(gate_up, x).float()
+    h = (F.silu(y[:, :I]) * y[:, I:]).to(torch.bfloat16)
+    expected = (h.float() * weights).to(torch.bfloat16)  # bf16 x bf16 is exact in fp32
+    same = (fused == expected).float().mean().item()
+    assert same > 0.98, f"only {same:.1%} of outputs round as torch's silu-and-multiply"
+    ulps = (fused.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
+    assert ulps.max().item() <= 1
+
+
 def test_a_compiled_graph_keeps_both_paths(prefill_from):
     """Traced once (rows dynamic): 512 rows take the bf16 GEMM, 1 row the W4A8 tiles, same graph."""
     import torch._dynamo

@@ -297,6 +297,15 @@ EDGE_VNNI inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// fp32 -> bf16 bits as c10::BFloat16 rounds them: to nearest even, a NaN as 0x7FC0.
+EDGE_VNNI inline __m256i to_bf16x16_exact(__m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(rounded);
+}
+
 // h = silu(gate) * up per element, in fp32, rounded to T: what vLLM's SiluAndMul computes
 // from the same T inputs.
 template <typename T>
@@ -305,8 +314,15 @@ EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
   for (int64_t i = 0; i < n; i += 16) {
     const __m512 g = load16(gate + i);
     const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    _mm512_store_ps(lanes, _mm512_mul_ps(_mm512_mul_ps(g, sig), load16(up + i)));
-    for (int j = 0; j < 16; ++j) h[i + j] = static_cast<T>(lanes[j]);
+    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(g, sig), load16(up + i));
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), to_bf16x16_exact(v));
+    } else if constexpr (std::is_same_v<T, float>) {
+      _mm512_storeu_ps(h + i, v);
+    } else {
+      _mm512_store_ps(lanes, v);
+      for (int j = 0; j < 16; ++j) h[i + j] = static_cast<T>(lanes[j]);
+    }
   }
 }
 
