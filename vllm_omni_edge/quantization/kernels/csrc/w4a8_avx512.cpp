@@ -313,8 +313,7 @@ EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
   alignas(64) float lanes[16];
   for (int64_t i = 0; i < n; i += 16) {
     const __m512 g = load16(gate + i);
-    const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-    const __m512 v = _mm512_mul_ps(_mm512_mul_ps(g, sig), load16(up + i));
+    const __m512 v = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), load16(up + i));
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), to_bf16x16_exact(v));
     } else if constexpr (std::is_same_v<T, float>) {
