@@ -297,13 +297,18 @@ EDGE_VNNI inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// fp32 -> bf16 bits as c10::BFloat16 rounds them: to nearest even, a NaN as 0x7FC0.
-EDGE_VNNI inline __m256i to_bf16x16_exact(__m512 f) {
+// fp32 -> bf16 bits, round to nearest even (as torch's .to(bfloat16)) for values
+// that are not NaN.
+EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
   const __m512i bits = _mm512_castps_si512(f);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(rounded);
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// The same for any value, NaN included: c10::BFloat16 makes every NaN 0x7FC0.
+EDGE_VNNI inline __m256i to_bf16x16_exact(__m512 f) {
+  return _mm256_mask_mov_epi16(to_bf16x16(f), _mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm256_set1_epi16(0x7FC0));
 }
 
 // h = silu(gate) * up per element, in fp32, rounded to T: what vLLM's SiluAndMul computes
@@ -313,7 +318,8 @@ EDGE_VNNI void silu_mul_row(const T* gate, const T* up, int64_t n, T* h) {
   alignas(64) float lanes[16];
   for (int64_t i = 0; i < n; i += 16) {
     const __m512 g = load16(gate + i);
-    const __m512 v = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))), load16(up + i));
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    const __m512 v = _mm512_mul_ps(silu, load16(up + i));
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(h + i), to_bf16x16_exact(v));
     } else if constexpr (std::is_same_v<T, float>) {
@@ -408,14 +414,6 @@ bool bf16_prefill(const at::Tensor& x) {
   const bool prefill = min_rows > 0 && x.size(0) >= min_rows && x.scalar_type() == at::kBFloat16;
   g_rows16_calls[prefill].fetch_add(1, std::memory_order_relaxed);
   return prefill;
-}
-
-// fp32 -> bf16 bits, round to nearest even (as torch's .to(bfloat16); no NaNs here).
-EDGE_VNNI inline __m256i to_bf16x16(__m512 f) {
-  const __m512i bits = _mm512_castps_si512(f);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
 
 // The codes of k = 8c + i (shift 8i) or 8c + 4 + i (shift 8i + 4) of a chunk's 16 rows, one per
