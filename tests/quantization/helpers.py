@@ -8,10 +8,10 @@ from vllm_omni_edge.quantization import int4
 
 
 def int4_layer(N: int, K: int, group_size: int, act_dtype: torch.dtype, seed: int = 0,
-               zero_point: str = int4.DEFAULT_ZERO_POINT):
-    """(layer, exact fp32 weights the layer stands for)."""
-    gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(N, K, generator=gen) * 0.05
+               zero_point: str = int4.DEFAULT_ZERO_POINT, weight: torch.Tensor | None = None):
+    """(layer, exact fp32 weights the layer stands for); ``weight`` [N, K] instead of random ones."""
+    if weight is None:
+        weight = torch.randn(N, K, generator=torch.Generator().manual_seed(seed)) * 0.05
     qweight, scales, zeros = int4.quantize(weight, group_size, zero_point=zero_point)
     layer = torch.nn.Module()
     for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):

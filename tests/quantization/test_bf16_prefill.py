@@ -53,9 +53,9 @@ def prefill_from(request):
     w4a8_avx512.configure_prefill()
 
 
-def rows16_layer(N, K, g, seed=0):
+def rows16_layer(N, K, g, seed=0, weight=None):
     """(a layer loaded on rows16, its stored triple before the repack)."""
-    layer, _ = int4_layer(N, K, g, torch.bfloat16, seed)
+    layer, _ = int4_layer(N, K, g, torch.bfloat16, seed, weight=weight)
     stored = (layer.qweight.data.clone(), layer.scales.data.clone(), layer.zeros.data.clone())  # process_weights rearranges in place
     kernel = Avx512VnniRows16W4A8Kernel()
     kernel.process_weights(layer)
@@ -164,16 +164,9 @@ def test_fused_mlp_rounds_silu_and_mul_to_nearest_even(prefill_from):
     H = I = 256
     gate_up, _ = rows16_layer(2 * I, H, 32, seed=7)
     diagonal = torch.diag(torch.rand(I, generator=torch.Generator().manual_seed(8)) * 0.5 + 0.25)
-    qweight, scales, zeros = int4.quantize(diagonal, 32)
-    down = torch.nn.Module()
-    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros)):
-        down.register_parameter(name, torch.nn.Parameter(t.clone(), requires_grad=False))
-    down.int4_in_features, down.int4_group_size, down.int4_act_dtype = I, 32, torch.bfloat16
-    kernel = Avx512VnniRows16W4A8Kernel()
-    kernel.process_weights(down)
-    down.int4_kernel, down.bias = kernel, None
-    weights = resident_dequantize(down, qweight, scales, zeros, dtype=torch.bfloat16).diagonal().float()
-    assert torch.count_nonzero(resident_dequantize(down, qweight, scales, zeros)) == I  # diagonal as stored
+    down, stored = rows16_layer(H, I, 32, weight=diagonal)
+    weights = resident_dequantize(down, *stored, dtype=torch.bfloat16).diagonal().float()
+    assert torch.count_nonzero(resident_dequantize(down, *stored)) == I  # diagonal as stored
     x = bf16_rows(ROWS + 7, H, seed=9) * 4  # gates well into both tails of the SiLU
     prefill_from(ROWS)
     fused = silu_mlp(gate_up, down, x)
