@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from vllm_omni_edge.memory import process_tree_memory, tree_total
 
@@ -63,9 +64,32 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = 30) -> int | Non
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(wait)
     # Children left behind by a crash would hold memory on an edge box.
+    left = _group_members(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    # SIGKILL is delivered asynchronously: return only once the group is gone.
+    deadline = time.monotonic() + 10
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _alive(p)]
+        if left:
+            time.sleep(0.02)
     return proc.returncode
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid:
+                members.append(p)
+    return members
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class ServerProcess:
