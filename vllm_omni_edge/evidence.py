@@ -132,6 +132,11 @@ def _rows16_bf16_prefill_onednn_from_rows() -> int | None:
     return module.configured_onednn_from_rows() if module is not None else None
 
 
+def _rows16_bf16_prefill_onednn_weights() -> str | None:
+    module = sys.modules.get("vllm_omni_edge.quantization.kernels.w4a8_avx512")
+    return module.onednn_weight_layout() if module is not None else None
+
+
 def _compile_warmup_tokens() -> int | None:
     """Tokens of the compiled warm-up's dummy forward in this process (None: no warm-up ran)."""
     from vllm_omni_edge.patches.worker import compile_warmup_tokens
@@ -272,6 +277,8 @@ def collect_worker_evidence(worker) -> dict:
         "rows16_bf16_prefill_gemm": _rows16_bf16_prefill_gemm(),
         # With the AMX tiles, from which row count calls run on oneDNN instead (None otherwise).
         "rows16_bf16_prefill_onednn_from_rows": _rows16_bf16_prefill_onednn_from_rows(),
+        # oneDNN's weight blocks: packed (dequantized into its own layout) or plain (at::mm).
+        "rows16_bf16_prefill_onednn_weights": _rows16_bf16_prefill_onednn_weights(),
         "compile_warmup_tokens": _compile_warmup_tokens(),
         # Automatic collection paused in this process while the server starts (levers/startup_gc.py).
         "startup_gc": startup_gc.record(),

@@ -116,6 +116,68 @@ def test_the_row_count_picks_the_path(prefill_from):
     assert evidence.rows16_paths()["bf16_gemm"] == after["bf16_gemm"]
 
 
+def test_the_onednn_library_is_installed_and_linked():
+    """The dependency is declared for x86-64: the build must find it (else the packed path is silently gone)."""
+    found = native.onednn()
+    assert found is not None, f"{native.ONEDNN_DISTRIBUTIONS} not installed"
+    assert (found.include_dir / "oneapi" / "dnnl" / "dnnl.hpp").exists()
+    assert (found.lib_dir / "libdnnl.so.3").exists()
+    assert "-DEDGE_ONEDNN" in native.compile_flags()
+    maps = open("/proc/self/maps").read()
+    assert "libdnnl.so.3" in maps  # linked by the kernel library, loaded with it
+
+
+PACKED_OK = VNNI_OK and "avx512_bf16" in cpu_flags() and native.onednn() is not None
+
+
+@pytest.mark.skipif(not PACKED_OK, reason="needs AVX512_BF16 and the oneDNN library")
+@pytest.mark.parametrize("N,K,g,block_bytes", [(128, 1536, 32, 2 << 20), (192, 512, 64, 64 * 1024 * 2),
+                                                (64, 8960, 32, 1 << 20)])
+def test_onednn_takes_blocks_dequantized_into_its_own_layout(N, K, g, block_bytes):
+    """Weights in whole 64-column blocks go to oneDNN's primitive in its blocked layout: the same
+    product as the dense weights (one block, several blocks per thread, the down projection's K)."""
+    layer, stored = rows16_layer(N, K, g)
+    dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
+    x = bf16_rows(ROWS + 3, K)
+    try:
+        torch.ops.edge_cpu_int4.set_bf16_prefill(ROWS, block_bytes, w4a8_avx512.GEMM_ONEDNN)
+        before = evidence.rows16_paths()
+        out = op(layer, x)
+        after = evidence.rows16_paths()
+    finally:
+        w4a8_avx512.configure_prefill()
+    assert after["onednn_packed"] - before["onednn_packed"] == 1
+    assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE
+    # What at::mm on the plain block gives, to bf16 rounding of the same sums.
+    assert relative_error(out, F.linear(x, dense)) < 1e-3
+
+
+def test_the_evidence_names_how_onednn_gets_its_weights(monkeypatch):
+    monkeypatch.setattr(w4a8_avx512, "_configured_prefill", None)
+    assert w4a8_avx512.onednn_weight_layout() is None
+    monkeypatch.setattr(w4a8_avx512, "_configured_prefill", (384, w4a8_avx512.GEMM_AMX))
+    assert w4a8_avx512.onednn_weight_layout() == ("packed" if PACKED_OK else "plain")
+    monkeypatch.setattr(native, "onednn", lambda: None)
+    assert w4a8_avx512.onednn_weight_layout() == "plain"
+
+
+@pytest.mark.skipif(not PACKED_OK, reason="needs AVX512_BF16 and the oneDNN library")
+def test_weights_not_in_whole_64_column_blocks_stay_on_at_mm():
+    layer, stored = rows16_layer(48, 512, 32)
+    dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
+    x = bf16_rows(ROWS, 512)
+    try:
+        torch.ops.edge_cpu_int4.set_bf16_prefill(ROWS, w4a8_avx512.PREFILL_BLOCK_BYTES, w4a8_avx512.GEMM_ONEDNN)
+        before = evidence.rows16_paths()
+        out = op(layer, x)
+        after = evidence.rows16_paths()
+    finally:
+        w4a8_avx512.configure_prefill()
+    assert after["bf16_gemm"] - before["bf16_gemm"] == 1
+    assert after["onednn_packed"] == before["onednn_packed"]
+    assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE
+
+
 @pytest.mark.skipif(not AMX_OK, reason="AMX BF16 tiles are not usable on this CPU")
 def test_amx_tiles_hand_large_calls_to_onednn():
     """With the AMX tiles, calls of onednn_from_rows rows or more run on oneDNN; both give the product."""

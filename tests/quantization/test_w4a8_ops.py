@@ -362,7 +362,7 @@ def test_library_name_follows_every_source_the_header_and_flags(tmp_path, monkey
         edited = tmp_path / path.name
         edited.write_bytes(path.read_bytes() + b"\n// edited\n")
         assert native.library_path(files[:i] + (edited,) + files[i + 1:]) != shipped, path.name
-    assert native.library_path(flags=native.COMPILE_FLAGS + ("-g",)) != shipped
+    assert native.library_path(flags=native.compile_flags() + ("-g",)) != shipped
 
 
 @needs_op

@@ -105,8 +105,10 @@ def rows16_paths() -> dict[str, int]:
 
     counts = getattr(getattr(torch.ops, OP_NAMESPACE), "rows16_path_counts", None)
     try:
-        w4a8, bf16_gemm, amx_tiles = counts() if counts is not None else (0, 0, 0)
+        w4a8, bf16_gemm, amx_tiles, onednn_packed = counts() if counts is not None else (0, 0, 0, 0)
     except (RuntimeError, AttributeError):  # namespaces resolve ops lazily
-        w4a8, bf16_gemm, amx_tiles = 0, 0, 0
-    # amx_tiles: the bf16_gemm calls that ran on the op's AMX tiles (the rest on oneDNN).
-    return {"w4a8": int(w4a8), "bf16_gemm": int(bf16_gemm), "amx_tiles": int(amx_tiles)}
+        w4a8, bf16_gemm, amx_tiles, onednn_packed = 0, 0, 0, 0
+    # GEMMs of the bf16_gemm calls (a fused MLP has two): amx_tiles on the op's AMX tiles (the
+    # rest on oneDNN); onednn_packed on oneDNN with the blocks dequantized into its own layout.
+    return {"w4a8": int(w4a8), "bf16_gemm": int(bf16_gemm), "amx_tiles": int(amx_tiles),
+            "onednn_packed": int(onednn_packed)}

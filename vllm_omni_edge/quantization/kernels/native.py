@@ -18,6 +18,7 @@ import functools
 import hashlib
 import platform
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,8 +38,51 @@ HEADERS = (CSRC / "w4a8_common.h", CSRC / "convert8.h", CSRC / "avx2_math.h")
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
 # torch's own libgomp (same soname, already loaded), so thread counts are shared.
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
+BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 OP_NAMESPACE = "edge_cpu_int4"
+# oneDNN's own library (the onednn-cpu-gomp wheel, GNU OpenMP: torch's libgomp again) and its
+# headers (onednn-devel-cpu-gomp): the rows16 prefill calls its matmul on weights dequantized into
+# the primitive's own layout. Without them the library builds without that path (at::mm only).
+ONEDNN_DISTRIBUTIONS = ("onednn-cpu-gomp", "onednn-devel-cpu-gomp")
+
+
+@dataclass(frozen=True)
+class OneDnn:
+    include_dir: Path
+    lib_dir: Path
+
+
+@functools.cache
+def onednn() -> OneDnn | None:
+    """Where the oneDNN wheels put the headers and libdnnl.so.3, or None if either is missing."""
+    from importlib import metadata
+
+    def installed(dist: str, name: str) -> Path | None:
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError:
+            return None
+        found = [f for f in files if f.name == name]
+        return Path(metadata.distribution(dist).locate_file(found[0])).resolve() if found else None
+
+    lib = installed(ONEDNN_DISTRIBUTIONS[0], "libdnnl.so.3")
+    header = installed(ONEDNN_DISTRIBUTIONS[1], "dnnl.hpp")
+    if lib is None or header is None or not lib.exists() or not header.exists():
+        return None
+    # The header the sources include is oneapi/dnnl/dnnl.hpp.
+    include = header.parent.parent.parent if header.parent.name == "dnnl" else header.parent
+    return OneDnn(include_dir=include, lib_dir=lib.parent)
+
+
+def compile_flags() -> tuple[str, ...]:
+    found = onednn()
+    return BASE_FLAGS + (("-DEDGE_ONEDNN", f"-I{found.include_dir}") if found else ())
+
+
+def link_flags() -> list[str]:
+    found = onednn()
+    extra = [f"-L{found.lib_dir}", "-l:libdnnl.so.3", f"-Wl,-rpath,{found.lib_dir}"] if found else []
+    return ["-fopenmp", *extra]
 
 
 class KernelBuildError(RuntimeError):
@@ -49,7 +93,9 @@ def cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def library_path(files: tuple[Path, ...] = SOURCES + HEADERS, flags: tuple[str, ...] = COMPILE_FLAGS) -> Path:
+def library_path(files: tuple[Path, ...] = SOURCES + HEADERS, flags: tuple[str, ...] | None = None) -> Path:
+    if flags is None:
+        flags = compile_flags() + tuple(link_flags())
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
@@ -79,8 +125,8 @@ def build_library(verbose: bool = False) -> Path:
             cpp_extension.load(
                 name=name,
                 sources=[str(s) for s in SOURCES],
-                extra_cflags=list(COMPILE_FLAGS),
-                extra_ldflags=["-fopenmp"],
+                extra_cflags=list(compile_flags()),
+                extra_ldflags=link_flags(),
                 build_directory=build,
                 is_python_module=False,
                 is_standalone=False,

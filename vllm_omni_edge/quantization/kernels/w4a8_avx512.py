@@ -63,7 +63,9 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
 # - GEMM_AMX: the op's own AMX tiles (tdpbf16ps), the block dequantized straight into the
 #   tiles' k-pair layout; where AMX BF16 is usable (the lever's auto), below AMX_ONEDNN_FROM_ROWS
 #   rows (from there on oneDNN: the tiles' order re-reads activations that outgrow the cache);
-# - GEMM_ONEDNN: at::mm on the block as [K, rows] (oneDNN's matmul, which repacks every block).
+# - GEMM_ONEDNN: oneDNN's matmul primitive on the block dequantized into its own weight layout
+#   (kernel library built with the oneDNN wheel, AVX512_BF16, whole 64-column blocks), else at::mm
+#   on the block as [K, rows] (which repacks every block).
 # Below the threshold, and for decode, the W4A8 tiles. Each GEMM's threshold is the smallest
 # row count from which it beats the tiles on an AMX CPU (docs/edge/cpu-4bit.md;
 # vllm_omni_edge_bench/harness/int4_prefill_bench.py sweeps both).
@@ -132,6 +134,18 @@ def configured_prefill_gemm() -> str | None:
     if _configured_prefill is None or not _configured_prefill[0]:
         return None
     return GEMM_NAMES[_configured_prefill[1]]
+
+
+def onednn_weight_layout() -> str | None:
+    """How oneDNN's calls in this process's bf16 path get their weight blocks: ``packed`` (dequantized
+    into the primitive's own layout, where the shape allows) or ``plain`` (at::mm, repacked per call);
+    None when no rows16 layer was loaded here or the path is off."""
+    if configured_prefill_gemm() is None:
+        return None
+    from vllm_omni_edge.cpu_features import cpu_flags
+    from vllm_omni_edge.quantization.kernels.native import onednn
+
+    return "packed" if onednn() is not None and "avx512_bf16" in cpu_flags() else "plain"
 
 
 def configured_onednn_from_rows() -> int | None:

@@ -22,10 +22,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
+
+#ifdef EDGE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 namespace {
 
@@ -363,8 +371,9 @@ std::atomic<int64_t> g_prefill_min_rows{0};
 // Bytes of one dequantized block; rows per block = bytes / (2 K), a multiple of kTileRows.
 std::atomic<int64_t> g_prefill_block_bytes{4 << 20};
 // Calls of the rows16 ops by path (fused MLP calls count once): [0] W4A8 tiles, [1] bf16 path
-// (either GEMM), [2] those of [1] on the AMX tiles.
-std::atomic<int64_t> g_rows16_calls[3];
+// (either GEMM); GEMMs of [1] (a fused MLP has two): [2] on the AMX tiles, [3] on oneDNN with
+// the blocks dequantized into its own weight layout (packed_matmul).
+std::atomic<int64_t> g_rows16_calls[4];
 // The bf16 path's GEMM: kGemmOneDnn (at::mm on a block dequantized to [K, rows]) or kGemmAmx
 // (AMX tiles on a block dequantized straight into the tiles' k-pair layout, see rows16_amx_mm).
 constexpr int64_t kGemmOneDnn = 0, kGemmAmx = 1;
@@ -406,7 +415,7 @@ void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm, int64
 }
 
 std::vector<int64_t> rows16_path_counts() {
-  return {g_rows16_calls[0].load(), g_rows16_calls[1].load(), g_rows16_calls[2].load()};
+  return {g_rows16_calls[0].load(), g_rows16_calls[1].load(), g_rows16_calls[2].load(), g_rows16_calls[3].load()};
 }
 
 bool bf16_prefill(const at::Tensor& x) {
@@ -513,9 +522,10 @@ constexpr int64_t kPairTile = kTileRows * kBlock;  // bf16 elements of one B til
 
 // One 32-k block (block b, group g) of one tile of the 16-row layout as a B tile: the values of
 // dequantize_tile_block_bf16 (the same rounding), rows (k = 2r, 2r + 1) instead of rows k.
+// ld: elements from one pair row to the next (32 in a B tile; 128 in oneDNN's 64-column blocks).
 template <typename Groups>
 EDGE_AMX void dequantize_tile_block_pairs(const uint8_t* wb, const uint8_t* hb, const Groups& meta, int64_t g,
-                                          uint16_t* d) {
+                                          uint16_t* d, int64_t ld = 2 * kTileRows) {
   const __m512 s = meta.scale_of(g), m = meta.offset_of(g);
   // [even k x16, odd k x16] -> [even 0, odd 0, even 1, odd 1, ...]
   const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -528,7 +538,7 @@ EDGE_AMX void dequantize_tile_block_pairs(const uint8_t* wb, const uint8_t* hb, 
         const __m512 even = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * i + 4 * high)), s, m);
         const __m512 odd = _mm512_fmadd_ps(_mm512_cvtepi32_ps(chunk_codes(v, hc, 8 * (i + 1) + 4 * high)), s, m);
         const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
-        _mm512_storeu_si512(d + (4 * c + 2 * high + i / 2) * 2 * kTileRows, _mm512_permutexvar_epi16(pairs, both));
+        _mm512_storeu_si512(d + (4 * c + 2 * high + i / 2) * ld, _mm512_permutexvar_epi16(pairs, both));
       }
     }
   }
@@ -674,6 +684,126 @@ int64_t prefill_block_rows(int64_t K, int64_t N) {
   return std::min(N, std::max(kTileRows, rows));
 }
 
+// ---- oneDNN's matmul in its own weight layout (a build with EDGE_ONEDNN: the oneDNN library) ----
+// at::mm on a plain [K, rows] block makes oneDNN copy the block into its blocked layout on every
+// call, and creates its primitives through PyTorch's wrapper at every new row count. Here the
+// primitive is oneDNN's own (cached per shape), and the block is dequantized straight into the
+// weight layout the primitive asks for, when that is the 64-column k-pair layout (BA16a64b2a,
+// what its AMX BF16 kernels take); any other layout keeps at::mm.
+namespace packed_matmul {
+
+constexpr int64_t kColumns = 64;  // columns per block of the layout; whole tiles: 4
+#ifdef EDGE_ONEDNN
+struct Entry {
+  dnnl::matmul prim;
+  dnnl::memory::desc scratchpad;
+  bool usable = false;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// Shapes seen: a prompt of a new length adds its own; past this many the cache starts over.
+constexpr size_t kMaxEntries = 256;
+
+// The primitive for x [M, K] times a [K, cols] block into a contiguous [M, cols], on the calling
+// thread's OpenMP thread count, or one marked unusable (other layout, or none at all). A dst with
+// a row stride past cols (out's columns) would make oneDNN fall back to a kernel without AMX.
+std::shared_ptr<Entry> primitive(int64_t M, int64_t K, int64_t cols) {
+  static std::mutex mutex;
+  static std::map<std::array<int64_t, 4>, std::shared_ptr<Entry>> cache;
+  const std::array<int64_t, 4> key{M, K, cols, omp_get_max_threads()};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  if (cache.size() >= kMaxEntries) cache.clear();
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  auto entry = std::make_shared<Entry>();
+  try {
+    const md a({M, K}, dt::bf16, tag::ab), b({K, cols}, dt::bf16, tag::any), c({M, cols}, dt::bf16, tag::ab);
+    // The caller's scratchpad: the library's own is shared, and both threads run primitives at once.
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::matmul::primitive_desc pd(engine(), a, b, c, attr);
+    if (pd.weights_desc() == md({K, cols}, dt::bf16, tag::BA16a64b2a)) {
+      entry->prim = dnnl::matmul(pd);
+      entry->scratchpad = pd.scratchpad_desc();
+      entry->usable = true;
+    }
+  } catch (const dnnl::error&) {
+    // No implementation for this shape here: at::mm.
+  }
+  cache.emplace(key, entry);
+  return entry;
+}
+
+// Tiles [t0, t1) (a multiple of 4) of a 16-row weight into dst in BA16a64b2a for K rows: 64-column
+// blocks one after another, each K / 32 blocks of [16 k pairs][64 columns][2].
+template <typename Groups>
+void dequantize(const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K, int64_t group_size, int64_t t0,
+                int64_t t1, uint16_t* dst) {
+  const int64_t groups = K / group_size, blocks = K / kBlock, blocks_per_group = group_size / kBlock;
+  for (int64_t t = t0; t < t1; ++t) {
+    const Groups tile = meta.tile(t, groups);
+    const uint8_t* wt = w + t * kTileRows * (K / 2);
+    const uint8_t* ht = wh ? wh + t * kTileRows * (K / 4) : nullptr;
+    const int64_t column_block = (t - t0) / 4, quarter = (t - t0) % 4;
+    uint16_t* base = dst + column_block * blocks * kBlock * kColumns + quarter * 2 * kTileRows;
+    for (int64_t b = 0; b < blocks; ++b) {
+      dequantize_tile_block_pairs(wt + b * kTileBlockBytes, ht ? ht + b * kTileBlockHighBytes : nullptr, tile,
+                                  b / blocks_per_group, base + b * kBlock * kColumns, 2 * kColumns);
+    }
+  }
+}
+
+// out[:, 16 t0 .. 16 t1) = x times tiles [t0, t1) dequantized into scratch, through a
+// thread-local [M, cols] result copied into out's columns; false (nothing done) when oneDNN has
+// no primitive in that layout for the shape.
+template <typename Groups>
+bool run(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, const Groups& meta, int64_t K, int64_t group_size,
+         int64_t t0, int64_t t1, uint16_t* scratch, at::Tensor& out) {
+  const int64_t M = x.size(0), cols = (t1 - t0) * kTileRows, ldo = out.stride(0);
+  if (out.stride(1) != 1) return false;
+  const std::shared_ptr<Entry> entry = primitive(M, K, cols);
+  if (!entry->usable) return false;
+  thread_local std::vector<uint16_t> result;
+  if (static_cast<int64_t>(result.size()) < M * cols) result.resize(M * cols);
+  dequantize(w, wh, meta, K, group_size, t0, t1, scratch);
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory a(md({M, K}, dt::bf16, tag::ab), engine(), x.data_ptr());
+  const dnnl::memory b(md({K, cols}, dt::bf16, tag::BA16a64b2a), engine(), scratch);
+  const dnnl::memory c(md({M, cols}, dt::bf16, tag::ab), engine(), result.data());
+  thread_local std::vector<uint8_t> pad;
+  if (pad.size() < entry->scratchpad.get_size()) pad.resize(entry->scratchpad.get_size());
+  const dnnl::memory p(entry->scratchpad, engine(), pad.data());
+  thread_local dnnl::stream stream(engine());
+  entry->prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, p}});
+  stream.wait();
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()) + t0 * kTileRows;
+  for (int64_t m = 0; m < M; ++m) std::memcpy(o + m * ldo, result.data() + m * cols, cols * sizeof(uint16_t));
+  return true;
+}
+#endif
+
+// Whether this build and CPU can take the path for a weight of N rows: columns in whole 64-column
+// blocks, AVX512_BF16 for the pair-tile dequantization.
+bool possible(int64_t N) {
+#ifdef EDGE_ONEDNN
+  static const bool bf16 = cpu_has_bf16();
+  return bf16 && N % kColumns == 0;
+#else
+  (void)N;
+  return false;
+#endif
+}
+
+}  // namespace packed_matmul
+
 // out [M, N] = x [M, K] (bf16, contiguous) times the 16-row weight. The threads split N (whole
 // tiles) in one parallel region; each walks its share block by block: dequantize the block into
 // its own scratch (in its core's L2), then at::mm writes the block's columns of out (oneDNN runs
@@ -690,10 +820,15 @@ void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, co
     rows16_amx_mm(x, w, wh, meta, K, N, group_size, out);
     return;
   }
-  const int64_t block_tiles = prefill_block_rows(K, N) / kTileRows;
+  // With the packed path the threads' shares and blocks are whole 64-column blocks (4 tiles).
+  const bool packed = packed_matmul::possible(N);
+  const int64_t unit = packed ? packed_matmul::kColumns / kTileRows : 1;
+  const int64_t block_tiles = std::max(unit, prefill_block_rows(K, N) / kTileRows / unit * unit);
+  std::atomic<bool> any_packed{false};
   const at::ThreadLocalState tls;  // inference mode and dispatch state, for the worker threads
-  at::parallel_for(0, N / kTileRows, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, N / kTileRows / unit, 1, [&](int64_t begin_units, int64_t end_units) {
     at::ThreadLocalStateGuard tls_guard(tls);
+    const int64_t begin = begin_units * unit, end = end_units * unit;
     // oneDNN sizes its work split by omp_get_max_threads(), which inside this region still reads the
     // team's size although a nested region runs on one thread: at some row counts its split for the
     // whole team, run serially, was far slower (docs/edge/cpu-4bit.md). One thread for this thread's
@@ -707,11 +842,18 @@ void rows16_bf16_mm(const at::Tensor& x, const uint8_t* w, const uint8_t* wh, co
     uint16_t* dst = reinterpret_cast<uint16_t*>(scratch.data_ptr<at::BFloat16>());
     for (int64_t t0 = begin; t0 < end; t0 += block_tiles) {
       const int64_t t1 = std::min(end, t0 + block_tiles), rows = (t1 - t0) * kTileRows;
+#ifdef EDGE_ONEDNN
+      if (packed && packed_matmul::run(x, w, wh, meta, K, group_size, t0, t1, dst, out)) {
+        any_packed.store(true, std::memory_order_relaxed);
+        continue;
+      }
+#endif
       dequantize_rows16_block(w, wh, meta, K, group_size, t0, t1, dst);  // serial: inside the region
       at::Tensor columns = out.narrow(1, t0 * kTileRows, rows);
       at::mm_out(columns, x, scratch.narrow(0, 0, rows * K).view({K, rows}));
     }
   });
+  if (any_packed.load(std::memory_order_relaxed)) g_rows16_calls[3].fetch_add(1, std::memory_order_relaxed);
 }
 
 // One linear's per-group scales and offsets as the ops receive them: bf16 [N, groups] each
