@@ -130,6 +130,18 @@ def test_the_onednn_library_is_installed_and_linked():
 PACKED_OK = VNNI_OK and "avx512_bf16" in cpu_flags() and native.onednn() is not None
 
 
+def on_onednn(layer, x, block_bytes=w4a8_avx512.PREFILL_BLOCK_BYTES):
+    """(the op's output with the bf16 path on oneDNN from ROWS rows, the path counters' increase)."""
+    try:
+        torch.ops.edge_cpu_int4.set_bf16_prefill(ROWS, block_bytes, w4a8_avx512.GEMM_ONEDNN)
+        before = evidence.rows16_paths()
+        out = op(layer, x)
+        after = evidence.rows16_paths()
+    finally:
+        w4a8_avx512.configure_prefill()
+    return out, {k: after[k] - before[k] for k in after}
+
+
 @pytest.mark.skipif(not PACKED_OK, reason="needs AVX512_BF16 and the oneDNN library")
 @pytest.mark.parametrize("N,K,g,block_bytes", [(128, 1536, 32, 2 << 20), (192, 512, 64, 64 * 1024 * 2),
                                                 (64, 8960, 32, 1 << 20)])
@@ -139,14 +151,8 @@ def test_onednn_takes_blocks_dequantized_into_its_own_layout(N, K, g, block_byte
     layer, stored = rows16_layer(N, K, g)
     dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
     x = bf16_rows(ROWS + 3, K)
-    try:
-        torch.ops.edge_cpu_int4.set_bf16_prefill(ROWS, block_bytes, w4a8_avx512.GEMM_ONEDNN)
-        before = evidence.rows16_paths()
-        out = op(layer, x)
-        after = evidence.rows16_paths()
-    finally:
-        w4a8_avx512.configure_prefill()
-    assert after["onednn_packed"] - before["onednn_packed"] == 1
+    out, calls = on_onednn(layer, x, block_bytes)
+    assert calls["onednn_packed"] == 1
     assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE
     # What at::mm on the plain block gives, to bf16 rounding of the same sums.
     assert relative_error(out, F.linear(x, dense)) < 1e-3
@@ -166,15 +172,8 @@ def test_weights_not_in_whole_64_column_blocks_stay_on_at_mm():
     layer, stored = rows16_layer(48, 512, 32)
     dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
     x = bf16_rows(ROWS, 512)
-    try:
-        torch.ops.edge_cpu_int4.set_bf16_prefill(ROWS, w4a8_avx512.PREFILL_BLOCK_BYTES, w4a8_avx512.GEMM_ONEDNN)
-        before = evidence.rows16_paths()
-        out = op(layer, x)
-        after = evidence.rows16_paths()
-    finally:
-        w4a8_avx512.configure_prefill()
-    assert after["bf16_gemm"] - before["bf16_gemm"] == 1
-    assert after["onednn_packed"] == before["onednn_packed"]
+    out, calls = on_onednn(layer, x)
+    assert calls["bf16_gemm"] == 1 and calls["onednn_packed"] == 0
     assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE
 
 
