@@ -143,7 +143,7 @@ def on_onednn(layer, x, block_bytes=w4a8_avx512.PREFILL_BLOCK_BYTES):
 
 
 @pytest.mark.skipif(not PACKED_OK, reason="needs AVX512_BF16 and the oneDNN library")
-@pytest.mark.parametrize("N,K,g,block_bytes", [(128, 1536, 32, 2 << 20), (192, 512, 64, 64 * 1024 * 2),
+@pytest.mark.parametrize("N,K,g,block_bytes", [(128, 1536, 32, 2 << 20), (192, 1024, 64, 64 * 1024 * 2),
                                                 (64, 8960, 32, 1 << 20)])
 def test_onednn_takes_blocks_dequantized_into_its_own_layout(N, K, g, block_bytes):
     """Weights in whole 64-column blocks go to oneDNN's primitive in its blocked layout: the same
@@ -168,10 +168,11 @@ def test_the_evidence_names_how_onednn_gets_its_weights(monkeypatch):
 
 
 @pytest.mark.skipif(not PACKED_OK, reason="needs AVX512_BF16 and the oneDNN library")
-def test_weights_not_in_whole_64_column_blocks_stay_on_at_mm():
-    layer, stored = rows16_layer(48, 512, 32)
+@pytest.mark.parametrize("N,K", [(48, 1024), (64, 576)], ids=["columns-not-in-64s", "under-1024-features"])
+def test_other_weights_stay_on_at_mm(N, K):
+    layer, stored = rows16_layer(N, K, 32)
     dense = resident_dequantize(layer, *stored, dtype=torch.bfloat16)
-    x = bf16_rows(ROWS, 512)
+    x = bf16_rows(ROWS, K)
     out, calls = on_onednn(layer, x)
     assert calls["bf16_gemm"] == 1 and calls["onednn_packed"] == 0
     assert relative_error(out, x.float() @ dense.float().t()) < BF16_TOLERANCE

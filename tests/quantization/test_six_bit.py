@@ -168,10 +168,10 @@ def test_bf16_prefill_path_on_a_6bit_layer(monkeypatch, gemm):
 
     if gemm and not amx_bf16_usable():
         pytest.skip("AMX BF16 tiles are not usable on this CPU")
-    layer, weight, _ = six_bit_layer(64, 576, act_dtype=torch.bfloat16)
+    layer, weight, _ = six_bit_layer(64, 1024, act_dtype=torch.bfloat16)
     kernel = Avx512VnniRows16W4A8Kernel()
     kernel.process_weights(layer)
-    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x = torch.randn(40, 1024, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     before = OPS.rows16_path_counts()
     OPS.set_bf16_prefill(32, 2 << 20, gemm)
     try:
@@ -181,7 +181,7 @@ def test_bf16_prefill_path_on_a_6bit_layer(monkeypatch, gemm):
     after = OPS.rows16_path_counts()
     assert after[1] == before[1] + 1
     if gemm == 0 and native.onednn() is not None and "avx512_bf16" in cpu_flags():
-        assert after[3] == before[3] + 1  # 64 rows: one block in oneDNN's own layout, top bits included
+        assert after[3] == before[3] + 1  # 64 rows, 1,024 features: one block in oneDNN's own layout, top bits included
     want = F.linear(x.float(), weight.to(torch.bfloat16).float())
     assert relative_error(out, want) < 8e-3  # bf16 output rounding only
 
