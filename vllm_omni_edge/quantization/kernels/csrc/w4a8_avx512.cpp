@@ -694,7 +694,7 @@ namespace packed_matmul {
 
 constexpr int64_t kColumns = 64;  // columns per block of the layout; whole tiles: 4
 // Below this many input features the result's copy into place (M x columns) costs more than the
-// repack it saves: at 576 features and 2,000 rows the path took 1.1-1.3x at::mm's time.
+// repack it saves at long prompts (docs/edge/cpu-4bit.md).
 constexpr int64_t kMinFeatures = 1024;
 #ifdef EDGE_ONEDNN
 struct Entry {
