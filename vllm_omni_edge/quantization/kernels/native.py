@@ -57,13 +57,13 @@ def onednn() -> OneDnn | None:
     """Where the oneDNN wheels put the headers and libdnnl.so.3, or None if either is missing."""
     from importlib import metadata
 
-    def installed(dist: str, name: str) -> Path | None:
+    def installed(name: str, file_name: str) -> Path | None:
         try:
-            files = metadata.distribution(dist).files or []
+            dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             return None
-        found = [f for f in files if f.name == name]
-        return Path(metadata.distribution(dist).locate_file(found[0])).resolve() if found else None
+        found = [f for f in dist.files or [] if f.name == file_name]
+        return Path(dist.locate_file(found[0])).resolve() if found else None
 
     lib = installed(ONEDNN_DISTRIBUTIONS[0], "libdnnl.so.3")
     header = installed(ONEDNN_DISTRIBUTIONS[1], "dnnl.hpp")
