@@ -9,10 +9,16 @@ from tests.harness.conftest import FIXTURES
 def test_cpuinfo_model_counts_and_kernel_flags():
     info = provenance.parse_cpuinfo((FIXTURES / "cpuinfo_2core_amx.txt").read_text())
     assert info["model_name"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert (info["vendor"], info["family"], info["model"]) == ("GenuineIntel", 6, 143)
     assert info["logical_cpus"] == 2 and info["physical_cores"] == 2
     assert info["kernel_flags"]["amx_tile"] and info["kernel_flags"]["avx512_bf16"]
     assert not info["kernel_flags"]["avx_vnni"]
     assert "sse2" in info["flags"]
+
+
+def test_cpuinfo_without_family_or_model_says_none():
+    info = provenance.parse_cpuinfo("processor\t: 0\nmodel name\t: Some CPU\nmodel\t\t: unknown\n")
+    assert info["model_name"] == "Some CPU" and info["family"] is None and info["model"] is None
 
 
 def test_relevant_env_keeps_runtime_knobs_and_redacts_secrets():

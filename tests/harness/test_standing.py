@@ -61,3 +61,16 @@ def test_a_line_naming_arms_keeps_only_those_and_refuses_unknown_ones(tmp_path):
     assert len(standing.rows(run, arms[run])) == 1
     with pytest.raises(standing.StandingError, match="no arm nonesuch"):
         standing.rows(run, ("nonesuch",))
+
+
+def test_the_box_is_named_by_isa_and_by_vendor_family_and_model_where_recorded():
+    def box(**cpu):
+        return standing._box({"provenance": {"cpu": {"physical_cores": 2, **cpu}}})
+
+    assert box(kernel_flags={"avx512_vnni": True}, vendor="AuthenticAMD", family=26, model=2) == \
+        "2-core AVX-512 VNNI (AMD family 26 model 2)"
+    assert box(kernel_flags={"amx_tile": True, "avx512_vnni": True}, vendor="GenuineIntel", family=6,
+               model=143) == "2-core AMX (Intel family 6 model 143)"
+    assert box(kernel_flags={}, vendor="HygonGenuine", family=24, model=0) == "2-core AVX2 (HygonGenuine family 24 model 0)"
+    # A run recorded before provenance kept the family: the ISA alone, as before.
+    assert box(kernel_flags={"avx512_vnni": True}) == "2-core AVX-512 VNNI"

@@ -61,8 +61,16 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
     return versions
 
 
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
 def parse_cpuinfo(text: str) -> dict[str, Any]:
-    """Model name, flags and counts from /proc/cpuinfo text (first processor's fields)."""
+    """Model name, vendor, family and model numbers, flags and counts from /proc/cpuinfo text
+    (first processor's fields)."""
     fields: dict[str, str] = {}
     processors = 0
     cores = set()
@@ -81,6 +89,11 @@ def parse_cpuinfo(text: str) -> dict[str, Any]:
     flags = fields.get("flags", "").split()
     return {
         "model_name": fields.get("model name"),
+        # The name a hypervisor shows can hide the generation ("AMD EPYC" for Zen 4 and Zen 5):
+        # vendor, family and model tell the boxes apart.
+        "vendor": fields.get("vendor_id"),
+        "family": _int_or_none(fields.get("cpu family")),
+        "model": _int_or_none(fields.get("model")),
         "logical_cpus": processors,
         "physical_cores": len(cores) or None,
         "kernel_flags": {flag: flag in flags for flag in KERNEL_FLAGS},

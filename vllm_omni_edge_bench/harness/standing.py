@@ -43,11 +43,20 @@ def listed_arms(path: Path = STANDING_RUNS) -> dict[Path, tuple[str, ...]]:
     return {PROJECT_ROOT / words[0]: tuple(words[1:]) for words in _listed(path) if len(words) > 1}
 
 
+# /proc/cpuinfo vendor_id -> the name the table shows.
+VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD"}
+
+
 def _box(art: dict[str, Any]) -> str:
     cpu = art["provenance"]["cpu"]
     flags = cpu.get("kernel_flags", {})
     isa = "AMX" if flags.get("amx_tile") else "AVX-512 VNNI" if flags.get("avx512_vnni") else "AVX2"
-    return f"{cpu.get('physical_cores')}-core {isa}"
+    box = f"{cpu.get('physical_cores')}-core {isa}"
+    if cpu.get("family") is not None:  # runs before provenance recorded it name the ISA only
+        vendor = VENDORS.get(cpu.get("vendor"), cpu.get("vendor"))
+        words = [vendor] if vendor else []
+        box += " (" + " ".join(words + [f"family {cpu['family']} model {cpu.get('model')}"]) + ")"
+    return box
 
 
 def _figure(fig: dict[str, Any] | None, digits: int = 1) -> str:
