@@ -31,6 +31,37 @@ def test_the_graph_args_lever_switches_off_and_back():
         patch.Memo.__call__ = planned
 
 
+def test_the_decode_prefetch_lever_sets_the_kernels_distance_and_sees_rows16_calls():
+    import torch
+
+    from vllm_omni_edge.cpu_features import cpu_flags
+
+    if "avx512_vnni" not in cpu_flags():
+        pytest.skip("the rows16 kernel needs AVX-512 VNNI")
+    lever = step_ab.LEVERS["decode_prefetch"]()  # loads the kernel library
+    distance = torch.ops.edge_cpu_int4.rows16_decode_prefetch
+    default = distance(0)
+    try:
+        assert default > 0
+        distance(default)
+        lever.off()
+        assert distance(default) == 0  # off: no prefetch (and back on for the next check)
+        lever.on()
+        assert distance(default) == default
+        assert not lever.acted()  # no rows16 call yet
+        from vllm_omni_edge.quantization import int4
+        from vllm_omni_edge.quantization.kernels.w4a8_avx512 import interleave_rows16
+
+        q, scales, offsets = int4.quantize(torch.randn(32, 64), 32)
+        torch.ops.edge_cpu_int4.w4a8_vnni_rows16_mm(torch.randn(1, 64, dtype=torch.bfloat16),
+                                                    *interleave_rows16(q, scales, offsets), 32, None, None)
+        assert lever.acted()
+    finally:
+        distance(default)
+    with pytest.raises(RuntimeError, match="blocks must be 0..64"):
+        distance(65)
+
+
 def test_the_decode_attention_lever_refuses_a_process_without_the_op(monkeypatch):
     pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
     from vllm_omni_edge.patches.worker import cpu_attention_calls as patch

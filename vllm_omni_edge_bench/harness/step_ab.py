@@ -126,11 +126,31 @@ def _sampler_argmax() -> Lever:
     return Lever(off, on, patch.in_force)
 
 
+def _decode_prefetch() -> Lever:
+    import torch
+
+    from vllm_omni_edge.quantization.kernels.native import load_library
+
+    loaded, why = load_library()
+    if not loaded:
+        raise StepABError(f"the kernel library is not loaded: {why}")
+    distance = torch.ops.edge_cpu_int4.rows16_decode_prefetch
+    counts = torch.ops.edge_cpu_int4.rows16_path_counts
+    default = distance(0)  # reads the library's distance (and restores it below)
+    distance(default)
+    if default == 0:
+        raise StepABError("the rows16 decode kernel's prefetch is already off in this process")
+    tiles_before = counts()[0]
+
+    return Lever(lambda: distance(0), lambda: distance(default), lambda: counts()[0] > tiles_before)
+
+
 LEVERS: dict[str, Callable[[], Lever]] = {
     "compiled_graph_args": _graph_args,
     "slot_mapping_call": _slot_mapping,
     "decode_attention": _decode_attention,
     "sampler_argmax": _sampler_argmax,
+    "decode_prefetch": _decode_prefetch,
 }
 
 

@@ -191,13 +191,14 @@ struct CodeGroups {
 // blocks ahead (its four cache lines, and a 6-bit layer's two of top bits) is requested while the
 // current one computes. The hardware prefetcher alone left the op short of the box's read
 // bandwidth on large matrices.
-constexpr int64_t kPrefetchBlocks = 8;
+// rows16_decode_prefetch sets the distance (0: none), for A/B runs in one process.
+std::atomic<int64_t> g_prefetch_blocks{8};
 
-EDGE_VNNI inline void prefetch_block(const uint8_t* wb, const uint8_t* whb) {
-  const char* w = reinterpret_cast<const char*>(wb + kPrefetchBlocks * kTileBlockBytes);
+EDGE_VNNI inline void prefetch_block(const uint8_t* wb, const uint8_t* whb, int64_t blocks) {
+  const char* w = reinterpret_cast<const char*>(wb + blocks * kTileBlockBytes);
   for (int c = 0; c < 4; ++c) _mm_prefetch(w + c * 64, _MM_HINT_T0);
   if (whb) {
-    const char* h = reinterpret_cast<const char*>(whb + kPrefetchBlocks * kTileBlockHighBytes);
+    const char* h = reinterpret_cast<const char*>(whb + blocks * kTileBlockHighBytes);
     _mm_prefetch(h, _MM_HINT_T0);
     _mm_prefetch(h + 64, _MM_HINT_T0);
   }
@@ -225,9 +226,10 @@ EDGE_VNNI void tile_rows16(const uint8_t* w, const uint8_t* wh, const Groups& me
   }
   meta.template add_offset_terms<R>(gs, acc, groups);  // m_j,g * sum of x over group g
   __m512 wscale = _mm512_setzero_ps();
+  const int64_t prefetch = g_prefetch_blocks.load(std::memory_order_relaxed);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* wb = w + b * kTileBlockBytes;
-    if (R == 1) prefetch_block(wb, wh ? wh + b * kTileBlockHighBytes : nullptr);
+    if (R == 1 && prefetch > 0) prefetch_block(wb, wh ? wh + b * kTileBlockHighBytes : nullptr, prefetch);
     __m512i lo[4], hi[4];
     for (int c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(wb + c * 64);
@@ -429,6 +431,12 @@ void set_bf16_prefill(int64_t min_rows, int64_t block_bytes, int64_t gemm, int64
   g_prefill_block_bytes = block_bytes;
   g_prefill_gemm = gemm;
   g_prefill_onednn_from_rows = onednn_from_rows;
+}
+
+// The decode prefetch distance in blocks (0: none); returns the previous one.
+int64_t rows16_decode_prefetch(int64_t blocks) {
+  TORCH_CHECK(blocks >= 0 && blocks <= 64, "rows16_decode_prefetch: blocks must be 0..64, got ", blocks);
+  return g_prefetch_blocks.exchange(blocks);
 }
 
 std::vector<int64_t> rows16_path_counts() {
@@ -1250,6 +1258,7 @@ TORCH_LIBRARY_FRAGMENT(edge_cpu_int4, m) {
   m.def("interleave_rows16_high_bits_inplace(Tensor(a!) high_bits) -> ()");
   m.def("set_bf16_prefill(int min_rows, int block_bytes, int gemm=0, int onednn_from_rows=0) -> ()", &set_bf16_prefill);
   m.def("rows16_path_counts() -> int[]", &rows16_path_counts);
+  m.def("rows16_decode_prefetch(int blocks) -> int", &rows16_decode_prefetch);
   m.def("amx_bf16_usable() -> bool", &amx_bf16_ready);
 }
 
