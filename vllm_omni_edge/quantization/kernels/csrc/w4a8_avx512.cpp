@@ -190,7 +190,7 @@ struct CodeGroups {
 // Decode reads each tile once from memory, and a thread's tiles are contiguous: the block this many
 // blocks ahead (its four cache lines, and a 6-bit layer's two of top bits) is requested while the
 // current one computes. The hardware prefetcher alone left the op short of the box's read
-// bandwidth on large matrices.
+// bandwidth on large matrices. Prefetches never fault, so blocks past a weight's end need no check.
 // rows16_decode_prefetch sets the distance (0: none), for A/B runs in one process.
 std::atomic<int64_t> g_prefetch_blocks{8};
 
