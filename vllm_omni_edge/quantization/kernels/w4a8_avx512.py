@@ -65,8 +65,7 @@ def rows16_group_codes(qweight: torch.Tensor, scales: torch.Tensor, offsets: tor
 #   rows (from there on oneDNN: the tiles' order re-reads activations that outgrow the cache);
 # - GEMM_ONEDNN: oneDNN's matmul primitive on the block dequantized into its own weight layout
 #   (kernel library built with the oneDNN wheel, AVX512_BF16, whole 64-column blocks, from 1,024
-#   input features), else at::mm
-#   on the block as [K, rows] (which repacks every block).
+#   input features), else at::mm on the block as [K, rows] (which repacks every block).
 # Below the threshold, and for decode, the W4A8 tiles. Each GEMM's threshold is the smallest
 # row count from which it beats the tiles on an AMX CPU (docs/edge/cpu-4bit.md;
 # vllm_omni_edge_bench/harness/int4_prefill_bench.py sweeps both).
