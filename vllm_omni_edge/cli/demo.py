@@ -215,6 +215,10 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
     with tqdm(total=None, desc="default model", unit="step", leave=False) as bar:
         model = pull_demo_model(weights, lambda msg: (bar.set_postfix_str(msg), bar.update()))
     print(f"model: {model} ({weights})")
+    if weights == "cpu_int4":
+        from vllm_omni_edge.cli.serve import build_kernels_if_missing
+
+        build_kernels_if_missing()
 
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="edge-demo-")) / "server.log"

@@ -195,6 +195,14 @@ def _select_process_layout(single_process: bool | None) -> None:
         raise ServeSetupError(f"vllm-omni-edge serve: {err}") from None
 
 
+def build_kernels_if_missing() -> bool:
+    """Our front ends build a missing C++ kernel library before the engine loads (a load never
+    compiles: kernels/native.py); each step on stderr."""
+    from vllm_omni_edge.quantization.kernels import native
+
+    return native.build_if_missing(lambda line: print(f"vllm-omni-edge: {line}", file=sys.stderr, flush=True))
+
+
 def serve(args: list[str]) -> int | None:
     from vllm_omni_edge.cli.vllm_entry import main as vllm_main, pause_collection_for_start
 
@@ -208,6 +216,7 @@ def serve(args: list[str]) -> int | None:
         argv = ["vllm", "serve", *args_with_defaults]
         _check_request_limit()
         _check_listen_address(argv[2:])
+        build_kernels_if_missing()
         print(stated, file=sys.stderr, flush=True)
     sys.argv = argv
     return vllm_main(apply_serving_defaults=False)  # exits non-zero if the engine died (vllm_entry.main)

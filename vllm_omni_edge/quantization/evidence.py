@@ -8,7 +8,8 @@ scales and offsets the kernel keeps as 8-bit codes (``group_codes.py``), "six_bi
 and is logged); layers left unquantized
 (online quantization of a shape the format cannot hold) count as "<kind>:unquantized". When
 every layer the config handed a method to has been processed, one INFO line summarises the
-choices.
+choices; a WARNING follows when the C++ kernel library is not built for this source (every
+layer then runs on a slower fallback: ``kernels/native.py``).
 
 ``rows16_paths()`` -> ``{"w4a8": 5376, "bf16_gemm": 196, "amx_tiles": 140}``: calls of the rows16 ops in this
 process by the path the op took (the W4A8 tiles, or the bf16 GEMM it branches to for
@@ -62,6 +63,19 @@ def record(choice: LayerChoice) -> None:
             _summarised = True
     if done:
         logger.info("cpu_int4: %s", summary())
+        warn_if_not_built()
+
+
+def warn_if_not_built() -> bool:
+    """Log a WARNING (and say True) when the C++ kernel library is missing for this source."""
+    from vllm_omni_edge.quantization.kernels import native
+
+    loaded, why = native.load_library()
+    if loaded or native.NOT_BUILT not in why:
+        return False
+    logger.warning("cpu_int4 runs on slower fallback kernels: the C++ kernel library is %s; until it is built "
+                   "and the engine restarted, these layers stay there (%s)", why, kernel_counts())
+    return True
 
 
 def kernel_counts() -> dict[str, int]:

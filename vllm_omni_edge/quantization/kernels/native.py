@@ -5,7 +5,10 @@ A library is named after the hash of its source, the compile flags and the torch
 version, so a stale build is never loaded: an edited source or a new torch means
 "not built" until the next build. Loading never compiles (a worker must not
 spend a minute in g++ during model load); a kernel whose library is missing
-says so in its ``can_implement`` reason and the chooser moves on.
+says so in its ``can_implement`` reason and the chooser moves on, and the
+process's kernel summary warns (``quantization/evidence.py``). Our own front
+ends (``vllm-omni-edge serve``, ``demo``) build a missing library before they
+start a server (``build_if_missing``), saying so.
 
 The build goes through ``torch.utils.cpp_extension`` (ninja, the g++ torch was
 built for) into a temporary directory, and the finished ``.so`` is moved into
@@ -141,6 +144,30 @@ def build_library(verbose: bool = False) -> Path:
     return target
 
 
+def build_if_missing(say) -> bool:
+    """Before a front end starts an engine: build the library if this source and torch have none.
+
+    ``say`` gets one line before a build and one after it (or why it failed: the engine then
+    runs on the fallback kernels and warns). True when the library exists afterwards."""
+    if not x86_64():
+        return False
+    target = library_path()
+    if target.exists():
+        return True
+    say("building the C++ kernels for this source and torch (once per machine, about a minute "
+        "on 2 cores; `vllm-omni-edge build-kernels` does the same)")
+    try:
+        build_library()
+    except KernelBuildError as e:
+        say(f"warning: the C++ kernels did not build ({e}); cpu_int4 runs on its slower fallback kernels")
+        return False
+    say(f"built {target.name}")
+    return True
+
+
+NOT_BUILT = "not built for this source"
+
+
 @functools.cache
 def load_library() -> tuple[bool, str]:
     """(loaded, why not): load the built library into this process, once."""
@@ -150,7 +177,7 @@ def load_library() -> tuple[bool, str]:
         return False, f"x86-64 only (this machine is {platform.machine()})"
     path = library_path()
     if not path.exists():
-        return False, f"not built for this source and torch {torch.__version__}: run `vllm-omni-edge build-kernels`"
+        return False, f"{NOT_BUILT} and torch {torch.__version__}: run `vllm-omni-edge build-kernels`"
     try:
         torch.ops.load_library(str(path))
     except Exception as e:
