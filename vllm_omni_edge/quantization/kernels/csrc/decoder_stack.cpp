@@ -36,6 +36,7 @@
 namespace {
 
 using edge_cpu_math::exp8;
+using edge_cpu_math::horizontal_sum;
 using edge_cpu_convert::load8;
 using edge_cpu_convert::store8;
 
@@ -93,24 +94,46 @@ void silu_mul(const T* gate_up, int64_t I, T* out) {
 }
 
 // out[r] = norm(x[r] (+ residual[r])) * weight; residual[r] = x[r] + residual[r] rounded to T when
-// `add`, else x[r] itself (the first layer). Rows of H elements.
+// `add`, else x[r] itself (the first layer). Rows of H elements. Eight lanes at a time where T is
+// not float64 (the sum of squares then adds in lane order, as a vectorized reduction does); the
+// roundings are the scalar tail's.
 template <typename T>
 void add_rms_norm(const T* x, T* residual, bool add, const T* weight, double eps, T* out, int64_t rows, int64_t H,
                   std::vector<float>& row) {
   row.resize(H);
+  float* v = row.data();
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * H;
     T* res = residual + r * H;
-    float sq = 0.f;
-    for (int64_t i = 0; i < H; ++i) {
-      const float v = add ? static_cast<float>(xr[i]) + static_cast<float>(res[i]) : static_cast<float>(xr[i]);
-      row[i] = v;
-      sq += v * v;
-    }
-    for (int64_t i = 0; i < H; ++i) res[i] = static_cast<T>(row[i]);
-    const float inv = 1.f / std::sqrt(sq / static_cast<float>(H) + static_cast<float>(eps));
     T* o = out + r * H;
-    for (int64_t i = 0; i < H; ++i) o[i] = static_cast<T>(round_to<T>(row[i] * inv) * static_cast<float>(weight[i]));
+    int64_t i = 0;
+    float sq = 0.f;
+    if constexpr (!std::is_same_v<T, double>) {
+      __m256 acc = _mm256_setzero_ps();
+      for (; i + 8 <= H; i += 8) {
+        const __m256 sum = add ? _mm256_add_ps(load8(xr + i), load8(res + i)) : load8(xr + i);
+        _mm256_storeu_ps(v + i, sum);
+        acc = _mm256_fmadd_ps(sum, sum, acc);
+        store8(res + i, sum);
+      }
+      sq = horizontal_sum(acc);
+    }
+    for (int64_t j = i; j < H; ++j) {
+      v[j] = add ? static_cast<float>(xr[j]) + static_cast<float>(res[j]) : static_cast<float>(xr[j]);
+      sq += v[j] * v[j];
+      res[j] = static_cast<T>(v[j]);
+    }
+    const float inv = 1.f / std::sqrt(sq / static_cast<float>(H) + static_cast<float>(eps));
+    int64_t j = 0;
+    if constexpr (!std::is_same_v<T, double>) {
+      const __m256 scale = _mm256_set1_ps(inv);
+      alignas(32) T normed[8];
+      for (; j + 8 <= H; j += 8) {
+        store8(normed, _mm256_mul_ps(_mm256_loadu_ps(v + j), scale));  // rounded to T, then times the weight
+        store8(o + j, _mm256_mul_ps(load8(normed), load8(weight + j)));
+      }
+    }
+    for (; j < H; ++j) o[j] = static_cast<T>(round_to<T>(v[j] * inv) * static_cast<float>(weight[j]));
   }
 }
 
