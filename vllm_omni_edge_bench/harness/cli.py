@@ -1,6 +1,6 @@
 """edge-harness: measure arms of a grid in interleaved passes, then report.
 
-    edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--prime] [--keep-going]
+    edge-harness run GRID.yaml [--out DIR] [--passes N] [--rotate] [--reverse-alternate] [--prime] [--keep-going]
     edge-harness report DIR
     edge-harness standing [--update FILE]
     edge-harness results-index [--write FILE | --check FILE]
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="results directory [default: results/<date>-<grid name>]")
     run.add_argument("--passes", type=int, help="override the grid's passes (at least 3)")
     run.add_argument("--rotate", action="store_true", help="rotate the first arm of each pass")
+    run.add_argument("--reverse-alternate", action="store_true",
+                     help="run every other pass in reverse order, so no arm always follows the same arm")
     run.add_argument("--prime", action="store_true",
                      help="run each vLLM arm once, unmeasured, before the passes (fills compile caches)")
     run.add_argument("--timeout-s", type=float, help="override the grid's per-pass timeout")
@@ -129,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
     overrides = {
         key: value
         for key, value in (("passes", args.passes), ("timeout_s", args.timeout_s), ("rotate_start", args.rotate or None),
+                             ("reverse_alternate", args.reverse_alternate or None),
                              ("prime", args.prime or None))
         if value is not None
     }
@@ -144,7 +147,7 @@ def _run(args: argparse.Namespace) -> int:
         grid = parse_grid({**grid.model_dump(), **overrides})  # validated again: --passes 2 is refused
     if args.check:
         runner.check_runnable(grid)
-        for scheduled in interleaved(grid.arm_names, grid.passes, grid.rotate_start):
+        for scheduled in interleaved(grid.arm_names, grid.passes, grid.rotate_start, grid.reverse_alternate):
             print(f"{scheduled.seq:3d}  pass {scheduled.pass_index}  {scheduled.arm}")
         return EXIT_OK
     out = args.out or runner.default_out_dir(grid)

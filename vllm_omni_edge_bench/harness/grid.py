@@ -405,6 +405,8 @@ class Grid(_Strict):
     passes: int = Field(3, ge=3, description="passes per arm; medians need at least 3")
     control: str = Field(description="the arm every other arm is compared with")
     rotate_start: bool = Field(False, description="start each pass with the next arm (A B C, B C A, ...)")
+    reverse_alternate: bool = Field(False, description="run every other pass in reverse order (A B C, C B A, ...), "
+                                    "so no arm always follows the same arm")
     timeout_s: float = Field(600.0, gt=0, description="wall-clock limit for one pass, load included")
     prime: bool = Field(False, description="run each vLLM arm once, unmeasured, before the passes: fills its "
                         "compile cache and the page cache, so cold_start is a warm start")

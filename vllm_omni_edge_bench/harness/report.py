@@ -39,6 +39,13 @@ def load_artifacts(results_dir: Path) -> dict[str, Any]:
             "primes": primes}
 
 
+def _order_text(grid: dict) -> str:
+    """How the passes were ordered beyond plain interleaving, for the report's header."""
+    ways = [way for key, way in (("rotate_start", "rotating start"),
+                                 ("reverse_alternate", "every other pass reversed")) if grid.get(key)]
+    return f" with {' and '.join(ways)}" if ways else ""
+
+
 def _prime_text(art: dict[str, Any]) -> str:
     """Each primed arm's status, with why it was not ok: an invalid prime is often the start
     that compiled, which the reader should see rather than take on trust."""
@@ -151,7 +158,7 @@ def _header(art: dict[str, Any]) -> list[str]:
     if grid.get("description"):
         lines += [grid["description"], ""]
     lines += [
-        f"- passes: {grid['passes']} per arm, interleaved{' with rotating start' if grid.get('rotate_start') else ''}; "
+        f"- passes: {grid['passes']} per arm, interleaved{_order_text(grid)}; "
         f"control: `{grid['control']}`",
         *([f"- primed (one unmeasured pass per vLLM arm before the passes): "
            + _prime_text(art)] if prov.get("primed") else []),

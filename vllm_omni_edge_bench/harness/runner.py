@@ -367,7 +367,7 @@ def run_grid(grid: Grid, grid_text: str, out_dir: Path, options: RunOptions,
     record["effective_grid"] = grid.model_dump()
     _write_json(out_dir / "provenance.json", record)
 
-    schedule = interleaved(grid.arm_names, grid.passes, grid.rotate_start)
+    schedule = interleaved(grid.arm_names, grid.passes, grid.rotate_start, grid.reverse_alternate)
     records: list[dict[str, Any]] = []
     stop: str | None = None
     try:
