@@ -149,14 +149,11 @@ void amx_values16(const c10::BFloat16* values, int64_t lo, int64_t hi, int64_t d
 constexpr int64_t kPrefetchBlocks = 4;
 
 // One block's key half (into L1, read next) or value half (into L2, read after every score).
-template <typename T>
-inline void prefetch_half(const T* p, int64_t elements, int hint) {
+template <int Hint, typename T>
+inline void prefetch_half(const T* p, int64_t elements) {
   const char* c = reinterpret_cast<const char*>(p);
   const int64_t bytes = elements * static_cast<int64_t>(sizeof(T));
-  for (int64_t off = 0; off < bytes; off += 64) {
-    if (hint == _MM_HINT_T0) _mm_prefetch(c + off, _MM_HINT_T0);
-    else _mm_prefetch(c + off, _MM_HINT_T1);
-  }
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(Hint));
 }
 
 // NG query heads of kv head h's group (heads first_head .. first_head + NG) attend together:
@@ -181,11 +178,11 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
   }
   auto kv_of = [&](int64_t b) { return cache + (static_cast<int64_t>(blocks[b]) * s.kv_heads + h) * 2 * half; };
   for (int64_t b = first_block; b <= std::min(last_block, first_block + kPrefetchBlocks - 1); ++b)
-    prefetch_half(kv_of(b), half, _MM_HINT_T0);
+    prefetch_half<_MM_HINT_T0>(kv_of(b), half);
   for (int64_t b = first_block; b <= last_block; ++b) {
     const T* keys = kv_of(b);
-    if (b + kPrefetchBlocks <= last_block) prefetch_half(kv_of(b + kPrefetchBlocks), half, _MM_HINT_T0);
-    prefetch_half(keys + half, half, _MM_HINT_T1);
+    if (b + kPrefetchBlocks <= last_block) prefetch_half<_MM_HINT_T0>(kv_of(b + kPrefetchBlocks), half);
+    prefetch_half<_MM_HINT_T1>(keys + half, half);
     const int64_t base = (b - first_block) * BS;
     const int64_t lo = std::max<int64_t>(from - base, 0) & ~int64_t{7};
     const int64_t hi = std::min<int64_t>(to - base, BS);
