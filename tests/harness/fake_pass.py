@@ -8,6 +8,8 @@ arm's llm_kwargs choose its behaviour:
     tok_s: [v1, v2, v3]        decode figure of pass 1, 2, 3
     worker_mib: 32             anonymous memory the worker touches
     evidence: true             write process-/worker-<pid>.json
+    timed_s: 0.5               a "timed request" of this long inside the workloads, through
+                               pass_events.timed_request (events timed_start / timed_end)
 """
 
 from __future__ import annotations
@@ -78,6 +80,13 @@ def run(spec: dict, out: Path) -> int:
     if mode == "hang":
         time.sleep(3600)
     time.sleep(0.4)  # "workloads": steady state
+    if kwargs.get("timed_s"):
+        pass_events.gate_timed_requests(spec)
+        with pass_events.timed_request():
+            pass_events.emit(events, "timed_start")
+            time.sleep(kwargs["timed_s"])
+            pass_events.emit(events, "timed_end")
+        time.sleep(0.2)
     if child.poll() is not None:  # like vLLM's executor, notice a dead worker
         print(f"RuntimeError: worker died with {child.returncode}", flush=True)
         return 1

@@ -222,3 +222,54 @@ def test_an_invalid_prime_does_not_stop_the_grid(tmp_path, fake_engine):
     assert passes["01-a"]["status"] == "ok" and passes["01-b"]["status"] == "invalid"
     header = next(line for line in render_markdown(load_artifacts(out)).splitlines() if line.startswith("- primed"))
     assert "a ok, b invalid (" in header and "no_such_key" in header  # the report says why
+
+
+def _sample_times(pass_dir, record):
+    """Absolute wall-clock times of a pass's ledger samples, from the timeline and its first-token mark."""
+    events = [json.loads(line) for line in (pass_dir / "events.jsonl").read_text().splitlines()]
+    marks = {e["event"]: e["t"] for e in events}
+    t0 = marks["first_token"] - record["ledger"]["first_token_s"]
+    return [t0 + point["t"] for point in record["ledger"]["timeline"]], marks
+
+
+def test_the_ledger_reads_nothing_during_a_timed_request_and_samples_right_after(tmp_path, fake_engine):
+    grid = fake_grid(tmp_path, {"timed_s": 0.6}, {"timed_s": 0.6})
+    summary, passes, out = run(tmp_path, grid)
+    assert summary["status"] == "ok", summary
+    for stem, record in passes.items():
+        times, marks = _sample_times(out / "passes" / stem, record)
+        start, end = marks["timed_start"], marks["timed_end"]
+        # At 0.05 s a sample, ~12 would have fallen inside the request; none did (times to the ms).
+        assert not [t for t in times if start + 0.002 < t < end - 0.002], (stem, start, end, times)
+        assert record["sampler"]["held_off_polls"] > 0
+        # The pass waited for a sample of the tree as the request left it.
+        after = [t for t in times if t > end - 0.002]
+        assert after and after[0] - end < 0.15, (stem, end, after[:3])
+        assert not list((out / "passes").glob(f"{stem}/events.jsonl.*")), "gate markers left behind"
+
+
+def test_without_the_gate_a_timed_request_does_not_wait_for_the_ledger(tmp_path):
+    from vllm_omni_edge_bench.harness import pass_events
+
+    events = tmp_path / "events.jsonl"
+    pass_events.gate_timed_requests({"events_path": str(events)})  # no ledger_gate: off
+    start = time.monotonic()
+    with pass_events.timed_request():
+        assert not pass_events.marker(events, pass_events.QUIET).exists()
+    assert time.monotonic() - start < 0.5 and not list(tmp_path.iterdir())
+
+
+def test_a_gated_request_with_no_runner_answering_goes_on_and_says_so(tmp_path, monkeypatch):
+    from vllm_omni_edge_bench.harness import pass_events
+
+    monkeypatch.setattr(pass_events, "GATE_WAIT_S", 0.1)
+    monkeypatch.setattr(pass_events, "gate_problems", [])
+    events = tmp_path / "events.jsonl"
+    pass_events.gate_timed_requests({"events_path": str(events), "ledger_gate": True})
+    try:
+        with pass_events.timed_request():
+            assert pass_events.marker(events, pass_events.QUIET).exists()
+    finally:
+        pass_events.gate_timed_requests({"events_path": str(events)})
+    assert not pass_events.marker(events, pass_events.QUIET).exists()
+    assert pass_events.gate_problems == ["ledger gate: the request for a sample after the request still there after 0 s"]

@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_omni_edge_bench.harness import pass_events
+from vllm_omni_edge_bench.harness.pass_events import timed_request
+
 WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
 WALL_ONE_TOKEN = "wall clock: one request with one token out"
 WARMUP_GEN_TOKENS = 8
@@ -72,8 +75,10 @@ def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, A
         requests.append(generate(workload["prompt_tokens"], gen, f"{label} warm-up"))
     if kind == "decode":
         n_prompt, n_gen = workload["prompt_tokens"], workload["gen_tokens"]
-        full = generate(n_prompt, n_gen, f"{label} decode")
-        one = generate(n_prompt, 1, f"{label} prompt only")
+        with timed_request():
+            full = generate(n_prompt, n_gen, f"{label} decode")
+        with timed_request():
+            one = generate(n_prompt, 1, f"{label} prompt only")
         requests += [full, one]
         decode_seconds = full["seconds"] - one["seconds"]
         if decode_seconds <= 0:
@@ -81,7 +86,8 @@ def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, A
         else:
             figures[label] = figure((full["gen_tokens"] - 1) / decode_seconds, "tok/s", "higher", WALL_DECODE)
     elif kind in ("prefill", "ttft"):
-        one = generate(workload["prompt_tokens"], 1, label)
+        with timed_request():
+            one = generate(workload["prompt_tokens"], 1, label)
         requests.append(one)
         if kind == "prefill":
             figures[label] = figure(one["prompt_tokens"] / one["seconds"], "tok/s", "higher", WALL_ONE_TOKEN)
@@ -97,7 +103,10 @@ def pass_main(run_pass: Callable[[dict], dict], description: str, argv: list[str
     parser.add_argument("--spec", required=True, type=Path, help="pass spec written by the runner")
     parser.add_argument("--out", required=True, type=Path, help="where to write the result JSON")
     args = parser.parse_args(argv)
-    result = run_pass(json.loads(args.spec.read_text()))
+    spec = json.loads(args.spec.read_text())
+    pass_events.gate_timed_requests(spec)
+    result = run_pass(spec)
+    result.setdefault("problems", []).extend(pass_events.gate_problems)
     tmp = args.out.with_suffix(".partial")
     tmp.write_text(json.dumps(result, indent=2, default=str))
     tmp.replace(args.out)  # a result file exists only if it is complete

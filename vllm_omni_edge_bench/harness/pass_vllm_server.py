@@ -155,9 +155,10 @@ class ServerPass:
 
             n_gen = workload["gen_tokens"]
             prompt = self.prompt(workload["prompt_tokens"])
-            cpu_before = thread_cpu.snapshot(self.server.proc.pid)
-            full = self.single(prompt, n_gen, f"{label} decode")
-            cpu = thread_cpu.split(cpu_before, thread_cpu.snapshot(self.server.proc.pid))
+            with pass_events.timed_request():
+                cpu_before = thread_cpu.snapshot(self.server.proc.pid)
+                full = self.single(prompt, n_gen, f"{label} decode")
+                cpu = thread_cpu.split(cpu_before, thread_cpu.snapshot(self.server.proc.pid))
             requests.append(full)
             result["cpu_split"] = cpu
             decode_s = sum(full["token_gaps_s"])
@@ -169,7 +170,8 @@ class ServerPass:
                     figures[f"{label} CPU, {role}"] = _figure(
                         100 * cpu["share_of_wall"][role], "% of wall", "lower", CPU_SPLIT_SOURCE)
         elif kind in ("prefill", "ttft"):
-            one = self.single(self.prompt(workload["prompt_tokens"]), 1, label)
+            with pass_events.timed_request():
+                one = self.single(self.prompt(workload["prompt_tokens"]), 1, label)
             requests.append(one)
             if one["status"] == "completed" and one["ttft_s"]:
                 if kind == "prefill":

@@ -56,6 +56,7 @@ RESULTS_ROOT = _results_root()
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a pass that overran
 EXIT_GRACE_S = 10.0  # for children still shutting down after the pass process exited
 LOG_TAIL_LINES = 40
+GATE_POLL_S = 0.02  # how often the sampling loop looks at the ledger gate's markers (pass_events)
 
 # Called after every ledger sample with (sample, ledger, process); tests use it to
 # inject faults, the CLI could use it for progress.
@@ -222,6 +223,7 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         "user_command": arm.user_command,
         "workloads": [{**w.model_dump(), "label": w.label} for w in grid.workloads],
         "events_path": str(pass_dir / "events.jsonl"),
+        "ledger_gate": True,  # the ledger reads nothing while a timed request runs (pass_events)
     }
     if arm.engine == "llamacpp":
         from vllm_omni_edge_bench.harness.pass_llamacpp import prepare_spec
@@ -242,28 +244,39 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=provenance.PROJECT_ROOT, start_new_session=True)
     ledger = MemoryLedger(proc.pid)
+    gate = pass_events.LedgerGate(spec["events_path"])
     timed_out = False
     try:
         next_tick = time.time()
-        sampler_cpu_s, samples = 0.0, 0
+        sampler_cpu_s, samples, held_off = 0.0, 0, 0
         while True:
-            cpu_before = time.process_time()
-            sample = ledger.sample()
-            sample_cpu_s = time.process_time() - cpu_before
-            sampler_cpu_s, samples = sampler_cpu_s + sample_cpu_s, samples + 1
-            if options.observer:
-                options.observer(sample, ledger, proc)
+            now = time.time()
+            if gate.asked() or now >= next_tick:
+                with gate.read() as may_read:
+                    held_off += not may_read  # a timed request runs: try again at the next poll
+                    if may_read:
+                        cpu_before = time.process_time()
+                        sample = ledger.sample()
+                        sample_cpu_s = time.process_time() - cpu_before
+                        sampler_cpu_s, samples = sampler_cpu_s + sample_cpu_s, samples + 1
+                        gate.answered()
+                        next_tick = now + max(options.sample_interval_s,
+                                              sample_cpu_s / options.max_sampler_cpu_share)
+                        if options.observer:
+                            options.observer(sample, ledger, proc)
             if proc.poll() is not None:
+                ledger.sample()  # the tree after the pass: what it left behind
                 break
             if time.time() - t0 > grid.timeout_s:
                 timed_out = True
                 _kill_tree(proc, ledger, TERM_GRACE_S)
                 break
-            next_tick += max(options.sample_interval_s, sample_cpu_s / options.max_sampler_cpu_share)
-            time.sleep(max(0.0, next_tick - time.time()))
+            time.sleep(max(0.0, min(GATE_POLL_S, next_tick - time.time())))
     except BaseException:
         _kill_tree(proc, ledger, 0.5)  # never leave a pass running behind an interrupted harness
         raise
+    finally:
+        gate.clean()
     leftovers = _reap_leftovers(ledger)
     wall_s = time.time() - t0
 
@@ -305,7 +318,7 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
         "result": result,
         "ledger": ledger_summary,
         # What measuring cost the box: the harness's own CPU for the memory samples.
-        "sampler": {"samples": samples, "cpu_s": sampler_cpu_s,
+        "sampler": {"samples": samples, "cpu_s": sampler_cpu_s, "held_off_polls": held_off,
                     "cpu_share_of_wall": sampler_cpu_s / wall_s if wall_s > 0 else None},
         "evidence": evidence,
         "log_tail": tail,

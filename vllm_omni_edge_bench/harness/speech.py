@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_omni_edge_bench.harness import pass_events
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FIXTURES = "tests/fixtures/speech"
 SAMPLE_RATE = 16000
@@ -195,7 +197,8 @@ def run_workload(workload: dict[str, Any], transcribe: Callable[[Clip], str]) ->
     figures: dict[str, Any] = {}
     runs = []
     for n in workload["streams"]:
-        run = run_streams(transcribe, clips, n, workload.get("repeats", 1))
+        with pass_events.timed_request():
+            run = run_streams(transcribe, clips, n, workload.get("repeats", 1))
         got, bad = stream_figures(label, run, clips)
         figures.update(got)
         problems += bad
