@@ -253,6 +253,53 @@ def test_a_kernel_without_6bit_codes_gets_the_layer_requantized_to_4_bits(monkey
     evidence.reset()
 
 
+def random_six_bit(N: int, K: int, group: int, seed: int):
+    """Stored 6-bit tensors with arbitrary codes, bf16 scales and offsets (not from quantize_6bit),
+    some groups constant (zero scale) and one group all of one code."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 64, (N, K), generator=gen, dtype=torch.uint8)
+    codes[0, :group] = 37
+    qweight, high = int4.pack_nibbles(codes & 0x0F), int4.pack_high_bits(codes >> 4)
+    groups = K // group
+    scales = (torch.rand(N, groups, generator=gen) * 10 ** torch.randint(-4, 1, (N, groups), generator=gen)
+              ).to(torch.bfloat16)
+    scales[1 % N, 0] = 0
+    offsets = (torch.randn(N, groups, generator=gen) * 0.05).to(torch.bfloat16)
+    return qweight, high, scales, offsets
+
+
+@pytest.mark.skipif(not LOADED, reason=WHY)
+@pytest.mark.parametrize("N,K,group", [(3, 64, 32), (40, 256, 64), (17, 1536, 128), (64, 512, 256), (33, 96, 32)])
+def test_the_fold_op_gives_the_references_4bit_triple_bit_for_bit(N, K, group):
+    from vllm_omni_edge.quantization.linear import fold_6bit, fold_6bit_reference
+
+    for seed in range(3):
+        stored = random_six_bit(N, K, group, seed)
+        want = fold_6bit_reference(*stored, group, "w")
+        got = fold_6bit(*stored, group, "w")
+        for name, a, b in zip(("qweight", "scales", "offsets"), got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert torch.equal(a, b), (name, (a != b).sum().item())
+    layer_weights = int4.quantize_6bit(torch.randn(24, 256, generator=torch.Generator().manual_seed(5)), 32)
+    for a, b in zip(fold_6bit(*layer_weights, 32, "w"), fold_6bit_reference(*layer_weights, 32, "w")):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not LOADED, reason=WHY)
+def test_the_fold_names_a_layer_with_non_finite_weights_and_refuses_bad_shapes():
+    from vllm_omni_edge.quantization.linear import fold_6bit
+
+    qweight, high, scales, offsets = random_six_bit(4, 64, 32, 0)
+    scales[2, 1] = float("inf")
+    with pytest.raises(int4.Int4FormatError, match="model.layers.3.mlp.down_proj: contains NaN or infinite"):
+        fold_6bit(qweight, high, scales, offsets, 32, "model.layers.3.mlp.down_proj")
+    op = torch.ops.edge_cpu.fold_6bit_to_4bit
+    with pytest.raises(RuntimeError, match="qweight_high must be uint8"):
+        op(qweight, high[:, :4], scales, offsets)
+    with pytest.raises(RuntimeError, match="scales and offsets must be bf16"):
+        op(qweight, high, scales.float(), offsets)
+
+
 # ---------------------------------------------------------------------------
 # The builder: which tensors a GGUF promotes
 

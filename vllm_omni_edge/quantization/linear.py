@@ -57,7 +57,7 @@ from vllm_omni_edge.quantization.int4 import (
     has_float_zero,
     quantize,
 )
-from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel
+from vllm_omni_edge.quantization.kernels import CpuFeatures, choose_kernel, native
 from vllm_omni_edge.quantization.kernels.base import set_weight
 
 logger = get_logger("cpu_int4")
@@ -196,14 +196,32 @@ FOLD_ROWS = 4096
 _FOLDED_FOR: set[str] = set()
 
 
+def fold_6bit_reference(qweight: torch.Tensor, high: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+                        group_size: int, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The 4-bit triple of a 6-bit layer: its weights dequantized and quantized again (float offsets)."""
+    parts = [quantize(dequantize(qweight[r:r + FOLD_ROWS], scales[r:r + FOLD_ROWS], offsets[r:r + FOLD_ROWS],
+                                 qweight_high=high[r:r + FOLD_ROWS]), group_size, what=what)
+             for r in range(0, qweight.shape[0], FOLD_ROWS)]
+    return tuple(torch.cat([p[i] for p in parts]) for i in range(3))
+
+
+def fold_6bit(qweight: torch.Tensor, high: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+              group_size: int, what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``fold_6bit_reference``'s values; by the library's op (one pass, each group in registers) when
+    it is built, as the reference's float copies of a large layer cost seconds at every load."""
+    op = native.edge_cpu_op("fold_6bit_to_4bit")
+    if op is None or scales.dtype != SCALE_DTYPE or offsets.dtype != SCALE_DTYPE:
+        return fold_6bit_reference(qweight, high, scales, offsets, group_size, what)
+    packed, scales4, offsets4, finite = op(qweight, high, scales, offsets)
+    if not finite:
+        raise Int4FormatError(f"{what}: contains NaN or infinite values")
+    return packed, scales4, offsets4
+
+
 def fold_to_4bit(layer: torch.nn.Module, prefix: str, kernel: str) -> None:
     """A 6-bit layer's weights re-quantized to the 4-bit triple, for a kernel without 6-bit codes."""
-    qweight, high, scales, zeros = (layer.qweight.data, layer.qweight_high.data, layer.scales.data,
-                                    layer.zeros.data)
-    parts = [quantize(dequantize(qweight[r:r + FOLD_ROWS], scales[r:r + FOLD_ROWS], zeros[r:r + FOLD_ROWS],
-                                 qweight_high=high[r:r + FOLD_ROWS]), layer.int4_group_size, what=prefix)
-             for r in range(0, qweight.shape[0], FOLD_ROWS)]
-    folded = [torch.cat([p[i] for p in parts]) for i in range(3)]
+    folded = fold_6bit(layer.qweight.data, layer.qweight_high.data, layer.scales.data, layer.zeros.data,
+                       layer.int4_group_size, prefix)
     for name, tensor in zip(("qweight_high", "qweight", "scales", "zeros"), (None, *folded)):
         set_weight(layer, name, tensor)
     if kernel not in _FOLDED_FOR:  # once per kernel and process; each layer at debug level

@@ -34,9 +34,9 @@ CSRC = Path(__file__).parent / "csrc"
 # (16-row layout, bf16 prefill, fused MLP) whose functions carry their own target attribute.
 # The namespace edge_cpu: decode attention over vLLM's CPU KV cache, a row-wise argmax
 # for the sampler (AVX2, F16C), and the class DecoderStack, a llama-family decoder's layers for
-# one-token queries in one call.
+# one-token queries in one call, and the fold of a 6-bit layer to 4 bits at load.
 SOURCES = (CSRC / "w4a8_avx2.cpp", CSRC / "w4a8_avx512.cpp", CSRC / "decode_attention.cpp", CSRC / "argmax.cpp",
-           CSRC / "decoder_stack.cpp", CSRC / "embedding_rows.cpp")
+           CSRC / "decoder_stack.cpp", CSRC / "embedding_rows.cpp", CSRC / "fold_6bit.cpp")
 HEADERS = (CSRC / "w4a8_common.h", CSRC / "convert8.h", CSRC / "avx2_math.h")
 # -fopenmp: at::parallel_for is OpenMP inline in the headers; without it the
 # kernel runs on one thread whatever torch.set_num_threads says. The runtime is
