@@ -271,7 +271,8 @@ def run_pass(grid: Grid, scheduled: ScheduledPass, out_dir: Path, options: RunOp
                 timed_out = True
                 _kill_tree(proc, ledger, TERM_GRACE_S)
                 break
-            time.sleep(max(0.0, min(GATE_POLL_S, next_tick - time.time())))
+            due_in = next_tick - time.time()  # <= 0 while a timed request holds a due sample off
+            time.sleep(GATE_POLL_S if due_in <= 0 else min(GATE_POLL_S, due_in))
     except BaseException:
         _kill_tree(proc, ledger, 0.5)  # never leave a pass running behind an interrupted harness
         raise
