@@ -65,6 +65,8 @@ def _ours(kv_cache, table, query, key, value, seq_lens, slots, window=-1, write=
 # vLLM's "amx" attention runs only on a CPU with AMX tiles, once the process may use them (what the
 # plugin's amx_tile_permission patch asks for in every vLLM process); its KV write is plain stores.
 AMX = torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx()
+# vLLM's amx KV write itself is built into its AVX-512 kernels only: on an AVX2 CPU it refuses the ISA.
+AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 TOLERANCE = {torch.float32: dict(atol=2e-6, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3),
@@ -103,6 +105,8 @@ def test_the_amx_layout_holds_what_vllms_amx_write_holds_and_attends_as_the_vec_
     # On any CPU: vLLM's amx KV write is plain stores; the attention over it is compared with ours
     # over the vec layout of the same tokens (same products, sums in another order).
     heads, kv_heads, head, block, lens, window = shape
+    if not AVX512:
+        pytest.skip("vLLM's amx KV write needs a CPU with AVX-512")
     if block % 32 or head % 32:
         pytest.skip("vLLM's amx ISA takes heads and block sizes in multiples of 32")
     kv_cache, table, query, key, value, seq_lens, slots = _decode_batch(3, torch.bfloat16, heads, kv_heads, head,
