@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_omni_edge_bench.harness import pass_events
-from vllm_omni_edge_bench.harness.pass_events import timed_request
 
 WALL_DECODE = "wall clock: (n-1) / (t(n tokens) - t(1 token)), same prompt length"
 WALL_ONE_TOKEN = "wall clock: one request with one token out"
@@ -75,9 +74,9 @@ def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, A
         requests.append(generate(workload["prompt_tokens"], gen, f"{label} warm-up"))
     if kind == "decode":
         n_prompt, n_gen = workload["prompt_tokens"], workload["gen_tokens"]
-        with timed_request():
+        with pass_events.timed_request():
             full = generate(n_prompt, n_gen, f"{label} decode")
-        with timed_request():
+        with pass_events.timed_request():
             one = generate(n_prompt, 1, f"{label} prompt only")
         requests += [full, one]
         decode_seconds = full["seconds"] - one["seconds"]
@@ -86,7 +85,7 @@ def timed_workload(workload: dict[str, Any], generate: Callable[..., dict[str, A
         else:
             figures[label] = figure((full["gen_tokens"] - 1) / decode_seconds, "tok/s", "higher", WALL_DECODE)
     elif kind in ("prefill", "ttft"):
-        with timed_request():
+        with pass_events.timed_request():
             one = generate(workload["prompt_tokens"], 1, label)
         requests.append(one)
         if kind == "prefill":
