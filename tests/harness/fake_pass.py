@@ -33,6 +33,7 @@ def worker(mib: int, stay_after_parent: bool) -> None:
     held = bytearray(mib << 20)
     for i in range(0, len(held), 4096):  # touch every page so it is resident
         held[i] = 1
+    print("resident", flush=True)  # the fake pass waits for this, as vLLM waits for its workers
     parent = os.getppid()
     while stay_after_parent or os.getppid() == parent:
         time.sleep(0.05)
@@ -66,8 +67,14 @@ def run(spec: dict, out: Path) -> int:
     pass_events.emit(events, pass_events.STARTED)
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.harness.fake_pass", "--worker", str(kwargs.get("worker_mib", 32)),
-         "--stay" if mode == "orphan" else "--no-stay", "VLLM::Worker"]
+         "--stay" if mode == "orphan" else "--no-stay", "VLLM::Worker"],
+        stdout=subprocess.PIPE, text=True,
     )
+    # The worker's memory is resident before "loading" ends, however slow the box is to start
+    # a Python process: the steady window must not see the worker still touching its pages.
+    if child.stdout.readline().strip() != "resident":
+        print(f"RuntimeError: worker died with {child.wait()} before its memory was resident", flush=True)
+        return 1
     time.sleep(0.4)  # "loading": long enough for a few ledger samples
     if kwargs.get("evidence", True):
         write_evidence(Path(os.environ["VLLM_OMNI_EDGE_EVIDENCE_DIR"]), child.pid, kwargs)
