@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -28,6 +29,31 @@ namespace {
 // code * scale is exact in float (6-bit codes, 8 significant bits in a bf16 scale), so a fused
 // multiply-add gives the sum the reference's separate multiply and add give.
 inline __m256 dequantize8(__m256 code, __m256 scale, __m256 offset) { return _mm256_fmadd_ps(code, scale, offset); }
+
+// Eight 6-bit codes k..k+7 (k a multiple of 8) as int32 lanes: code j is nibble j of the four low
+// bytes (bits 4j) with bits 2j..2j+1 of the two high bytes on top.
+inline __m256i codes8(const uint8_t* low, const uint8_t* high) {
+  uint32_t low_bits;
+  uint16_t high_bits;
+  std::memcpy(&low_bits, low, sizeof(low_bits));
+  std::memcpy(&high_bits, high, sizeof(high_bits));
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i nibbles = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(low_bits)), _mm256_slli_epi32(lane, 2)),
+      _mm256_set1_epi32(0x0F));
+  const __m256i tops = _mm256_and_si256(
+      _mm256_srlv_epi32(_mm256_set1_epi32(high_bits), _mm256_slli_epi32(lane, 1)), _mm256_set1_epi32(3));
+  return _mm256_or_si256(nibbles, _mm256_slli_epi32(tops, 4));
+}
+
+// Eight 4-bit codes (int32 lanes, 0..15) as four bytes, lane j at bits 4j: even k in the low nibble.
+inline uint32_t pack8(__m256i codes) {
+  const __m256i placed = _mm256_sllv_epi32(codes, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  __m128i v = _mm_or_si128(_mm256_castsi256_si128(placed), _mm256_extracti128_si256(placed, 1));
+  v = _mm_or_si128(v, _mm_shuffle_epi32(v, 0x4E));
+  v = _mm_or_si128(v, _mm_shuffle_epi32(v, 0xB1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(v));
+}
 
 inline float horizontal(__m256 v, bool take_max) {
   alignas(32) float lanes[8];
@@ -77,7 +103,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> fold_6bit_to_4bit(const at:
   uint16_t* oo = reinterpret_cast<uint16_t*>(o_out.data_ptr<at::BFloat16>());
   std::atomic<bool> finite{true};
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> code(group);
     std::vector<float> w(group);
     const __m256 zero = _mm256_setzero_ps(), fifteen = _mm256_set1_ps(15.f);
     for (int64_t n = begin; n < end; ++n) {
@@ -85,17 +110,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> fold_6bit_to_4bit(const at:
       const uint8_t* high_row = hp + n * (K / 4);
       for (int64_t g = 0; g < G; ++g) {
         const int64_t k0 = g * group;
-        for (int64_t i = 0; i < group; ++i) {
-          const int64_t k = k0 + i;
-          code[i] = static_cast<uint8_t>(((low_row[k / 2] >> (4 * (k & 1))) & 0x0F) |
-                                         (((high_row[k / 4] >> (2 * (k & 3))) & 3) << 4));
-        }
         const float scale6 = bf16_value(sp[n * G + g]), offset6 = bf16_value(op[n * G + g]);
         const __m256 s = _mm256_set1_ps(scale6), z = _mm256_set1_ps(offset6);
         __m256 lo = _mm256_set1_ps(INFINITY), hi_v = _mm256_set1_ps(-INFINITY);
         for (int64_t i = 0; i < group; i += 8) {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(code.data() + i));
-          const __m256 v = dequantize8(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), s, z);
+          const __m256 v = dequantize8(_mm256_cvtepi32_ps(codes8(low_row + (k0 + i) / 2, high_row + (k0 + i) / 4)), s, z);
           _mm256_storeu_ps(w.data() + i, v);
           lo = _mm256_min_ps(lo, v);
           hi_v = _mm256_max_ps(hi_v, v);
@@ -123,9 +142,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> fold_6bit_to_4bit(const at:
           const __m256 steps = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(w.data() + i), offset4), scale4);
           const __m256 q = _mm256_min_ps(fifteen, _mm256_max_ps(zero, _mm256_round_ps(
               steps, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-          alignas(32) int32_t lanes[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_cvtps_epi32(q));
-          for (int j = 0; j < 8; j += 2) row[(i + j) / 2] = static_cast<uint8_t>(lanes[j] | (lanes[j + 1] << 4));
+          const uint32_t packed = pack8(_mm256_cvtps_epi32(q));
+          std::memcpy(row + i / 2, &packed, sizeof(packed));
         }
       }
     }
