@@ -299,6 +299,9 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_ISA_PROBE_MEMO", "inductor's per-ISA load probes (a child Python each) "
            "remembered across starts (1); or run every start (0)", LEVER,
            ("patches/worker/isa_probe_memo.py",)),
+    Switch("VLLM_OMNI_EDGE_TORCH_KEY_MEMO", "inductor's hash of torch's Python source remembered "
+           "across starts while torch's install record is unchanged (1); or hashed every compiled "
+           "start (0)", LEVER, ("patches/worker/torch_key_memo.py",)),
     Switch("VLLM_OMNI_EDGE_PCH_MEMO", "the path of inductor's precompiled C++ header remembered "
            "across starts (1); or preprocessed every start (0)", LEVER,
            ("patches/worker/precompiled_header_memo.py",)),

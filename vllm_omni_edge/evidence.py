@@ -258,6 +258,8 @@ def collect_worker_evidence(worker) -> dict:
         "compile_cache": _compile_cache_counts(),
         # Inductor's ISA load probes this process answered from the memo or ran (isa_probe_memo).
         "isa_probes": _isa_probes(),
+        # Inductor's torch_key taken from the memo or hashed by torch (torch_key_memo).
+        "torch_key": _torch_key(),
         # Inductor's precompiled-header path from the memo, or preprocessed (precompiled_header_memo).
         "precompiled_headers": _precompiled_headers(),
         "attention_calls_trimmed": _attention_calls_trimmed(),
@@ -387,6 +389,12 @@ def _isa_probes() -> dict[str, int]:
     from vllm_omni_edge.patches.worker import isa_probe_memo
 
     return dict(isa_probe_memo.counts)
+
+
+def _torch_key() -> dict[str, int]:
+    from vllm_omni_edge.patches.worker import torch_key_memo
+
+    return dict(torch_key_memo.counts)
 
 
 def _precompiled_headers() -> dict[str, int]:

@@ -1,6 +1,6 @@
 """Answers remembered across starts, each valid only while its stamp holds.
 
-A start-up memo (``patches/worker/isa_probe_memo.py``, ``precompiled_header_memo.py``)
+A start-up memo (``patches/worker/isa_probe_memo.py``, ``precompiled_header_memo.py``, ``torch_key_memo.py``)
 keeps, in one JSON file under the user cache, what an expensive check answered, with a
 stamp of everything the answer depends on (files by size and mtime, the interpreter,
 torch, the CPU). A later start with the same stamp takes the answer from the file;

@@ -32,6 +32,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.compile_cache_load",
     "vllm_omni_edge.patches.worker.compile_cache_key",
     "vllm_omni_edge.patches.worker.isa_probe_memo",
+    "vllm_omni_edge.patches.worker.torch_key_memo",
     "vllm_omni_edge.patches.worker.precompiled_header_memo",
     "vllm_omni_edge.patches.worker.compile_warmup_tokens",
     "vllm_omni_edge.patches.worker.compile_progress",
