@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -19,10 +20,10 @@ KEY = bytes(range(32))
 class FakeTorch:
     """One process's torch: a torch_key cached as torch caches it, whose hash is counted."""
 
-    def __init__(self):
+    def __init__(self, cache=prefetchable_cache):
         self.hashes = 0
 
-        @prefetchable_cache
+        @cache
         def torch_key() -> bytes:
             self.hashes += 1
             return KEY
@@ -45,7 +46,7 @@ def start(tmp_path, monkeypatch):
     def run():
         fake = FakeTorch()
         monkeypatch.setattr(patch, "counts", {"remembered": 0, "computed": 0})
-        monkeypatch.setattr(patch, "_state", {"checked": False, "remembered": False, "written": False})
+        monkeypatch.setattr(patch, "_state", {"checked": False, "remembered": False, "written": False, "stamp": None})
         monkeypatch.setattr(patch, "_codecache", lambda: fake.codecache)
         patch._wrap(fake.vllm)
         patch._wrap(fake.vllm)  # idempotent
@@ -81,10 +82,21 @@ def test_a_key_already_computed_in_the_process_is_left_alone(start, monkeypatch)
     start.run()
     fake = FakeTorch()
     fake.codecache.torch_key()  # something asked torch before vLLM did
-    monkeypatch.setattr(patch, "_state", {"checked": False, "remembered": False, "written": False})
+    monkeypatch.setattr(patch, "_state", {"checked": False, "remembered": False, "written": False, "stamp": None})
     monkeypatch.setattr(patch, "_codecache", lambda: fake.codecache)
     patch._wrap(fake.vllm)
     assert fake.vllm.get_inductor_factors() == ["system", KEY] and fake.hashes == 1
+
+
+def test_a_torch_key_that_takes_no_value_is_hashed_as_stock(start, monkeypatch):
+    start.run()
+    fake = FakeTorch(cache=functools.cache)  # no .set
+    monkeypatch.setattr(patch, "counts", {"remembered": 0, "computed": 0})
+    monkeypatch.setattr(patch, "_state", {"checked": False, "remembered": False, "written": False, "stamp": None})
+    monkeypatch.setattr(patch, "_codecache", lambda: fake.codecache)
+    patch._wrap(fake.vllm)
+    assert fake.vllm.get_inductor_factors() == ["system", KEY] and fake.hashes == 1
+    assert patch.counts == {"remembered": 0, "computed": 1}
 
 
 def test_no_install_record_means_no_memo(start, monkeypatch):
