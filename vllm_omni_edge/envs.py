@@ -285,6 +285,10 @@ FLAGS: tuple[Flag, ...] = (
            "call of our C++ decoder stack (1); or vLLM's compiled forward (0); only with "
            "VLLM_OMNI_EDGE_DECODE_ATTENTION=1", LEVER,
            ("patches/worker/decoder_stack.py", "quantization/kernels/csrc/decoder_stack.cpp")),
+    Switch("VLLM_OMNI_EDGE_STACK_STEP_INPUTS", "a decode step that only moves the batch's requests on "
+           "by one token, on a model the decoder stack runs, takes its inputs straight from the batch "
+           "(1); or through vLLM's input preparation and attention metadata (0); only with "
+           "VLLM_OMNI_EDGE_DECODER_STACK=1", LEVER, ("patches/worker/stack_step_inputs.py",)),
     Switch("VLLM_OMNI_EDGE_EAGER_SAMPLER", "random sampling (temperature > 0) drawn eagerly (1); "
            "or vLLM's inductor-compiled draw (0)", LEVER, ("patches/worker/cpu_random_sample.py",)),
     # Start-up.

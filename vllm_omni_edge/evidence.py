@@ -269,6 +269,8 @@ def collect_worker_evidence(worker) -> dict:
         "decode_attention": _decode_attention(),
         # Decode steps through our C++ decoder stack, or why not (patches/worker/decoder_stack.py).
         "decoder_stack": _decoder_stack(runner),
+        # Steady decode steps prepared from the batch for the stack (patches/worker/stack_step_inputs.py).
+        "stack_step_inputs": _stack_step_inputs(runner),
         # Compiled forwards' argument patterns called with a kept list (patches/worker/compiled_graph_args.py).
         "compiled_graph_args": _compiled_graph_args(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
@@ -334,6 +336,12 @@ def _decoder_stack(runner) -> dict:
     from vllm_omni_edge.patches.worker.decoder_stack import summary
 
     return summary(runner, make=True)
+
+
+def _stack_step_inputs(runner) -> dict:
+    from vllm_omni_edge.patches.worker.stack_step_inputs import summary
+
+    return summary(runner)
 
 
 def _compiled_graph_args() -> dict[str, int]:

@@ -42,6 +42,7 @@ FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 DECODE_ATTENTION_ENV = "VLLM_OMNI_EDGE_DECODE_ATTENTION"
 DECODER_STACK_ENV = "VLLM_OMNI_EDGE_DECODER_STACK"
+STACK_STEP_INPUTS_ENV = "VLLM_OMNI_EDGE_STACK_STEP_INPUTS"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TORCH_KEY_MEMO_ENV = "VLLM_OMNI_EDGE_TORCH_KEY_MEMO"
@@ -134,6 +135,11 @@ def decode_attention_enabled() -> bool:
 def decoder_stack_enabled() -> bool:
     """Decode steps of the models it runs go through our C++ decoder stack; only with the decode op."""
     return decode_attention_enabled() and envs.get(DECODER_STACK_ENV)
+
+
+def stack_step_inputs_enabled() -> bool:
+    """Steady decode steps on the decoder stack take their inputs from the batch; only with the stack."""
+    return decoder_stack_enabled() and envs.get(STACK_STEP_INPUTS_ENV)
 
 
 def fused_mlp_enabled() -> bool:

@@ -43,6 +43,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.compiled_graph_args",
     "vllm_omni_edge.patches.worker.slot_mapping_call",
     "vllm_omni_edge.patches.worker.decoder_stack",
+    "vllm_omni_edge.patches.worker.stack_step_inputs",
     "vllm_omni_edge.patches.worker.engine_core_parent_watch",
     "vllm_omni_edge.patches.worker.rope_cap",
     "vllm_omni_edge.patches.worker.embedding_prepack",
