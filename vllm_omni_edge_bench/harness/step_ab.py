@@ -145,12 +145,41 @@ def _decode_prefetch() -> Lever:
     return Lever(lambda: distance(0), lambda: distance(default), lambda: counts()[0] > tiles_before)
 
 
+def _stack_step_inputs() -> Lever:
+    from vllm.v1.worker import gpu_model_runner
+
+    from vllm_omni_edge.patches.worker import stack_step_inputs as patch
+
+    if not patch.in_force():
+        raise StepABError("stack_step_inputs is not applied in this process")
+    runner_cls = gpu_model_runner.GPUModelRunner
+    wrapped = runner_cls.execute_model
+    stock = wrapped.__wrapped__
+    taken = {"steps": 0}
+    run = patch._run
+
+    def counted(*args, **kwargs):
+        taken["steps"] += 1
+        return run(*args, **kwargs)
+
+    patch._run = counted
+
+    def off():
+        runner_cls.execute_model = stock
+
+    def on():
+        runner_cls.execute_model = wrapped
+
+    return Lever(off, on, lambda: taken["steps"] > 0)
+
+
 LEVERS: dict[str, Callable[[], Lever]] = {
     "compiled_graph_args": _graph_args,
     "slot_mapping_call": _slot_mapping,
     "decode_attention": _decode_attention,
     "sampler_argmax": _sampler_argmax,
     "decode_prefetch": _decode_prefetch,
+    "stack_step_inputs": _stack_step_inputs,
 }
 
 
