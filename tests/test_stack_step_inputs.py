@@ -246,3 +246,11 @@ def test_the_stack_gets_vllms_inputs_and_the_same_tokens_come_out():
         assert a == b, (step, a, b)
     assert ours["outs"] == vllm["outs"]
     assert [len(o) for o in ours["outs"]] == [14, 19, 11, 9]
+
+
+def test_without_the_stacks_forward_every_step_is_vllms(monkeypatch):
+    from vllm_omni_edge.patches.worker import decoder_stack
+
+    monkeypatch.setattr(decoder_stack, "in_force", lambda: False)
+    monkeypatch.setattr(decoder_stack, "_current", lambda runner: pytest.fail("the stack was asked for"))
+    assert patch._stack_and_blocker(types.SimpleNamespace()) == (None, "the decoder stack is not in force")

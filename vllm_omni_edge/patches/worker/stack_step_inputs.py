@@ -98,6 +98,10 @@ def _stack_and_blocker(runner):
     """(the Stack, None) when this path may run the runner's steady steps; (None, why) otherwise."""
     from vllm_omni_edge.patches.worker import decoder_stack
 
+    if not decoder_stack.in_force():
+        # The stack's forward was taken away (a tool measuring vLLM's compiled forward): every
+        # step goes to that forward, prepared by vLLM.
+        return None, "the decoder stack is not in force"
     stack = decoder_stack._current(runner)
     if stack is None:
         return None, "the decoder stack does not run this model"
