@@ -254,3 +254,25 @@ def test_without_the_stacks_forward_every_step_is_vllms(monkeypatch):
     monkeypatch.setattr(decoder_stack, "in_force", lambda: False)
     monkeypatch.setattr(decoder_stack, "_current", lambda runner: pytest.fail("the stack was asked for"))
     assert patch._stack_and_blocker(types.SimpleNamespace()) == (None, "the decoder stack is not in force")
+
+
+def test_the_first_step_a_runner_takes_is_told_to_the_listeners(monkeypatch):
+    import contextlib
+
+    heard = []
+    monkeypatch.setattr(patch, "listeners", [heard.append])
+    monkeypatch.setattr(patch, "_write_inputs", lambda runner, table, n: None)
+    monkeypatch.setattr(patch, "in_force", lambda: True)
+    monkeypatch.setattr(patch, "_stack_and_blocker", lambda runner: (stack, None))
+    monkeypatch.setattr(patch._VLLM, "ExecuteModelState", lambda *fields: fields, raising=False)
+    stack = types.SimpleNamespace(steps=0, embed=lambda ids: ids, op=types.SimpleNamespace(forward=lambda *a: "hidden"))
+    table = types.SimpleNamespace(slot_mapping=_Buffer(4, torch.int64), block_table=types.SimpleNamespace(cpu=torch.zeros(4, 4)))
+    runner = types.SimpleNamespace(
+        synchronize_input_prep=contextlib.nullcontext, _update_states=lambda so: None,
+        input_batch=types.SimpleNamespace(num_reqs=1, block_table=types.SimpleNamespace(block_tables=[table])),
+        input_ids=_Buffer(4, torch.int32), positions=torch.zeros(4), seq_lens=torch.zeros(4),
+        model=types.SimpleNamespace(compute_logits=lambda hidden: "logits"))
+    for _ in range(3):
+        patch._run(runner, stack, "scheduler output")
+    assert heard == [{"on": True, "steps": 1}] and stack.steps == 3
+    assert runner.execute_model_state[:2] == ("scheduler output", "logits")

@@ -78,6 +78,15 @@ SHM_READ = ["dequeue (vllm/distributed/device_communicators/shm_broadcast.py:890
                 "forward (vllm/model_executor/layers/logits_processor.py:60)",
                 "apply (vllm_omni_edge/quantization/kernels/int4pack.py:81)"] + INT4PACK_NATIVE, "linear"),
     (ATTENTION + ["cpu_attention_with_kv_cache (_C.abi3.so)", "attn_kernel (_C.abi3.so)"], "attention"),
+    # A decode step on our C++ decoder stack, through its wrapper or a steady step's _run: its
+    # linear tiles are linear, its decode attention attention.
+    (EXECUTE + ["_model_forward (vllm_omni_edge/patches/worker/decoder_stack.py:317)",
+                "(anonymous namespace)::DecoderStack::forward (edge_cpu_int4-0123.so)",
+                "tile_rows8<1, c10::BFloat16> (edge_cpu_int4-0123.so)"], "linear"),
+    (WORKER_LOOP + ["execute_model (vllm_omni_edge/patches/worker/stack_step_inputs.py:190)",
+                    "_run (vllm_omni_edge/patches/worker/stack_step_inputs.py:150)",
+                    "(anonymous namespace)::DecoderStack::forward (edge_cpu_int4-0123.so)",
+                    "(anonymous namespace)::attend_heads<1, c10::BFloat16> (edge_cpu_int4-0123.so)"], "attention"),
     (FORWARD + ["forward_cpu (vllm/model_executor/layers/layernorm.py:200)",
                 "at::native::rms_norm (libtorch_cpu.so)"], "torch_other"),
     (FORWARD + ["forward (vllm/model_executor/layers/activation.py:80)"], "python_dispatch"),

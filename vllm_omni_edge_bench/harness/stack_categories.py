@@ -85,13 +85,16 @@ class Rule:
 
 
 _FORWARD = (r"(_model_forward|compute_logits) \([^()]*v1/worker/|\(vllm/model_executor/models/"
-            r"|\(vllm_omni_edge/quantization/")
+            r"|\(vllm_omni_edge/quantization/"
+            # Decode steps on our C++ decoder stack: called from its _model_forward wrapper, or,
+            # for a steady step, from stack_step_inputs' _run.
+            r"|^_model_forward \([^()]*patches/worker/decoder_stack\.py|^_run \([^()]*patches/worker/stack_step_inputs\.py")
 _LINEAR = (r"\(vllm_omni_edge/quantization/(linear|kernels/)|\(vllm/model_executor/layers/(linear|utils)\.py"
            r"|\(vllm/model_executor/layers/quantization/|_weight_int4pack_mm|int4_scaled_mm|cpu_gemm_wna16"
-           r"|edge_cpu_int4|w4a8_(mm|vnni_mm|vnni_rows16_mm|avx2_rows8_mm|matmul)|tile_rows(8|16)|dot_(row|cols)"
+           r"|edge_cpu_int4::|w4a8_(mm|vnni_mm|vnni_rows16_mm|avx2_rows8_mm|matmul)|tile_rows(8|16)|dot_(row|cols)"
            r"|at::native::linear|at::native::addmm|at::_ops::(linear|addmm|mm)|dnnl|onednn|mkldnn")
 _ATTENTION = (r"\(vllm/model_executor/layers/attention/|\(vllm/v1/attention/backends/cpu_attn\.py"
-              r"|unified_attention|cpu_attention|paged_attention|reshape_and_cache|cpu_attn")
+              r"|unified_attention|cpu_attention|paged_attention|reshape_and_cache|cpu_attn|decode_attention|attend_heads")
 
 # Ordered: the first match wins.
 RULES: tuple[Rule, ...] = (

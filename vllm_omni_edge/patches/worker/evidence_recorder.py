@@ -39,6 +39,7 @@ def apply() -> str:
         return "no evidence directory requested; not wrapped"
     now = when_imported(TARGET_MODULE, _wrap)
     _follow_graph_args()
+    _follow_stack_step_inputs()
     return "CPUWorker.compile_or_warm_up_model writes evidence" + ("" if now else " (on import)")
 
 
@@ -54,6 +55,20 @@ def _follow_graph_args() -> None:
 
     if _graph_args_to_evidence not in compiled_graph_args.listeners:
         compiled_graph_args.listeners.append(_graph_args_to_evidence)
+
+
+def _stack_step_inputs_to_evidence(summary: dict) -> None:
+    from vllm_omni_edge.evidence import update_worker_evidence
+
+    update_worker_evidence(stack_step_inputs=summary)
+
+
+def _follow_stack_step_inputs() -> None:
+    """Steady decode steps come after the worker's record: the first one updates it."""
+    from vllm_omni_edge.patches.worker import stack_step_inputs
+
+    if _stack_step_inputs_to_evidence not in stack_step_inputs.listeners:
+        stack_step_inputs.listeners.append(_stack_step_inputs_to_evidence)
 
 
 def _wrap(module) -> None:

@@ -59,6 +59,9 @@ RECORD = PatchRecord(
 _STATE_ATTR = "_edge_stack_step_inputs"
 # On the runner: how many steps took this path.
 _STEPS_ATTR = "_edge_stack_step_inputs_steps"
+# Called with summary() when a runner takes this path for the first time (the evidence recorder
+# registers one when the harness asks for evidence: the worker's record is written before decode).
+listeners: list = []
 
 
 def runner_blocker(runner) -> str | None:
@@ -179,7 +182,10 @@ def _run(runner, stack, scheduler_output):
     runner.execute_model_state = _VLLM.ExecuteModelState(scheduler_output, logits, None, None, hidden, hidden,
                                                          None, None, None, None)
     runner.kv_connector_output = None
-    runner.__dict__[_STEPS_ATTR] = runner.__dict__.get(_STEPS_ATTR, 0) + 1
+    steps = runner.__dict__[_STEPS_ATTR] = runner.__dict__.get(_STEPS_ATTR, 0) + 1
+    if steps == 1:
+        for listener in listeners:
+            listener(summary(runner))
     if deferred:
         deferred()
 
