@@ -78,6 +78,11 @@ SHAPES = [  # heads, kv heads, head size, block size, sequence lengths, window
     (10, 2, 80, 32, [70, 2], -1),  # a group of 5 (passes of 2 and 3), head size 80
     (32, 4, 64, 32, [1000], -1),  # a group of 8 (two passes of 4), parallel work items
     (9, 3, 64, 128, [300, 77], 50),  # a sliding window starting inside a block
+    # Fewer (request, kv head) items than two a thread: each attends over parts of its positions.
+    (9, 3, 64, 128, [900], -1),  # SmolLM2's group over a long context: two parts of several blocks
+    (9, 3, 64, 128, [700], 300),  # the same inside a sliding window
+    (4, 1, 128, 32, [600, 3], -1),  # a request too short for its second part (an empty part)
+    (8, 1, 64, 32, [1000], 9),  # one kv head, four parts of a 9-position window: two parts empty
 ]
 
 

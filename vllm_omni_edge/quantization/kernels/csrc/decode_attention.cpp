@@ -5,7 +5,10 @@
 // dwarfs the arithmetic, and the KV write is a second op with its own parallel region. This
 // op does both for such a batch: it writes each token's key and value into its cache slot,
 // then attends over the request's blocks, one work item per (request, KV head), the query
-// heads of a GQA group sharing the item.
+// heads of a GQA group sharing the item. When a long context gives fewer items than two a
+// thread (one request of a model with few KV heads), each item attends over a part of the
+// positions and the parts are merged by their softmax maxima and sums, so the group still reads
+// each key and value once.
 //
 // Cache layouts (vLLM's, checked against vLLM's own write in the tests): kv_cache [blocks,
 // kv_heads, block_size, 2 * head] holds per (block, kv head) a key half then a value half.
@@ -156,14 +159,21 @@ inline void prefetch_half(const T* p, int64_t elements) {
   for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(Hint));
 }
 
-// NG query heads of kv head h's group (heads first_head .. first_head + NG) attend together:
-// each key and value vector is loaded and widened once for all of them.
+// A head's attention over part of its positions, for the merge: the largest score m, the sum l of
+// exp(score - m) and the exp-weighted sum of the value rows (D floats), unnormalized.
+constexpr int64_t kPartialHeader = 2;
+// At most this many position ranges a (request, kv head) when a long context is split.
+constexpr int64_t kMaxParts = 8;
+
+// NG query heads of kv head h's group (heads first_head .. first_head + NG) attend together over
+// positions [start, L) of request r: each key and value vector is loaded and widened once for all
+// of them. The heads' outputs go to `out`, or, with `partial` (NG rows of kPartialHeader + D
+// floats), their unnormalized parts for merge_parts.
 template <int NG, typename T>
-void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, const T* query, const T* cache,
-                  T* out, const int32_t* block_table, const int32_t* seq_lens, std::vector<float>& buffer) {
+void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, int64_t start, int64_t L,
+                  const T* query, const T* cache, T* out, float* partial, const int32_t* block_table,
+                  std::vector<float>& buffer) {
   const int64_t D = s.head, BS = s.block_size, half = BS * D;
-  const int64_t L = seq_lens[r];
-  const int64_t start = s.window > 0 ? std::max<int64_t>(0, L - s.window) : 0;
   const int32_t* blocks = block_table + r * s.max_blocks;
   const int64_t first_block = start / BS, last_block = (L - 1) / BS;
   // Scores of each head over whole blocks from the first block's start; [from, to) are attended.
@@ -222,7 +232,7 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
       for (int g = 0; g < NG; ++g) _mm256_storeu_ps(scores + g * span + base + j, acc[g]);
     }
   }
-  float inv[NG];
+  float inv[NG], maxima[NG], sums[NG];
   for (int g = 0; g < NG; ++g) {  // softmax over [from, to), probabilities left unnormalized
     float* sc = scores + g * span;
     float m = -std::numeric_limits<float>::infinity();
@@ -241,6 +251,8 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
       sum += sc[j];
     }
     inv[g] = 1.f / sum;
+    maxima[g] = m;
+    sums[g] = sum;
   }
   // Each head's output: its probability-weighted value rows, 16 dims a pass (head % 16 == 0).
   for (int64_t dc = 0; dc < D; dc += 16) {
@@ -268,6 +280,14 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
     }
     for (int g = 0; g < NG; ++g) {
       if (!s.amx) in_order<T>(a0[g], a1[g]);
+      if (partial != nullptr) {
+        float* row = partial + g * (kPartialHeader + D);
+        row[0] = maxima[g];
+        row[1] = sums[g];
+        _mm256_storeu_ps(row + kPartialHeader + dc, a0[g]);
+        _mm256_storeu_ps(row + kPartialHeader + dc + 8, a1[g]);
+        continue;
+      }
       const __m256 scale = _mm256_set1_ps(inv[g]);
       alignas(32) float o[16];
       _mm256_store_ps(o, _mm256_mul_ps(a0[g], scale));
@@ -278,16 +298,39 @@ void attend_heads(const Shape& s, int64_t r, int64_t h, int64_t first_head, cons
   }
 }
 
-// A work item: request r, kv head h, its query heads [h * group + first, + count), count <= 4.
+// A work item: request r, kv head h, its query heads [h * group + first, + count), count <= 4, over
+// positions [start, L); into `out`, or into `partial` (one row a head) when not null.
 template <typename T>
-void attend(const Shape& s, int64_t r, int64_t h, int64_t first, int64_t count, const T* query, const T* cache,
-            T* out, const int32_t* block_table, const int32_t* seq_lens, std::vector<float>& buffer) {
+void attend(const Shape& s, int64_t r, int64_t h, int64_t first, int64_t count, int64_t start, int64_t L,
+            const T* query, const T* cache, T* out, float* partial, const int32_t* block_table,
+            std::vector<float>& buffer) {
   const int64_t head = h * (s.heads / s.kv_heads) + first;
   switch (count) {
-    case 1: attend_heads<1>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
-    case 2: attend_heads<2>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
-    case 3: attend_heads<3>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
-    default: attend_heads<4>(s, r, h, head, query, cache, out, block_table, seq_lens, buffer); break;
+    case 1: attend_heads<1>(s, r, h, head, start, L, query, cache, out, partial, block_table, buffer); break;
+    case 2: attend_heads<2>(s, r, h, head, start, L, query, cache, out, partial, block_table, buffer); break;
+    case 3: attend_heads<3>(s, r, h, head, start, L, query, cache, out, partial, block_table, buffer); break;
+    default: attend_heads<4>(s, r, h, head, start, L, query, cache, out, partial, block_table, buffer); break;
+  }
+}
+
+// A head's output from its parts over consecutive position ranges (rows `stride` floats apart):
+// each part's value sum and exp-sum rescaled to the largest maximum, summed, and divided (a part
+// over no position has l = 0).
+template <typename T>
+void merge_parts(const float* parts, int64_t count, int64_t stride, int64_t D, T* out) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < count; ++p)
+    if (parts[p * stride + 1] > 0.f) m = std::max(m, parts[p * stride]);
+  float weights[kMaxParts], total = 0.f;
+  for (int64_t p = 0; p < count; ++p) {
+    weights[p] = parts[p * stride + 1] > 0.f ? std::exp(parts[p * stride] - m) : 0.f;
+    total += weights[p] * parts[p * stride + 1];
+  }
+  const float inv = 1.f / total;
+  for (int64_t d = 0; d < D; ++d) {
+    float acc = 0.f;
+    for (int64_t p = 0; p < count; ++p) acc += weights[p] * parts[p * stride + kPartialHeader + d];
+    out[d] = static_cast<T>(acc * inv);
   }
 }
 
@@ -358,19 +401,44 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
     if (write_kv)
       for (int64_t r = 0; r < requests; ++r)
         for (int64_t h = 0; h < kv_heads; ++h) write_kv_slot<scalar_t>(s, r, h, k, v, cache, slots);
-    // Items: (request, kv head, pass of up to four query heads), the group's heads split evenly.
+    // Items: (request, kv head, pass of up to four query heads, part of the positions), the
+    // group's heads split evenly over the passes.
     const int64_t group = heads / kv_heads;
-    int64_t passes = (group + kMaxHeadsAPass - 1) / kMaxHeadsAPass;
+    const int64_t passes = (group + kMaxHeadsAPass - 1) / kMaxHeadsAPass;
     const bool parallel = macs >= kSerialMacs;
-    // Fewer items than two a thread leaves a thread idle for a whole item: then one query head an item.
-    if (parallel && requests * kv_heads * passes < 2 * at::get_num_threads()) passes = group;
-    const int64_t items = requests * kv_heads * passes;
+    // Fewer items than two a thread leaves a thread idle for a whole item: then each (request, kv
+    // head, pass) attends over parts of its positions, merged afterwards. Splitting the positions
+    // rather than the group keeps every key and value read once for the whole group.
+    int64_t parts = 1;
+    if (parallel && requests * kv_heads * passes < 2 * at::get_num_threads()) {
+      const int64_t wanted = 2 * at::get_num_threads();
+      parts = std::min(kMaxParts, (wanted + requests * kv_heads * passes - 1) / (requests * kv_heads * passes));
+    }
+    const int64_t items = requests * kv_heads * passes * parts;
+    std::vector<float> partial(parts > 1 ? static_cast<size_t>(requests * heads * parts * (kPartialHeader + D)) : 0);
     auto run = [&](int64_t begin, int64_t end) {
       std::vector<float> buffer;
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t pass = i % passes, rh = i / passes;
+        const int64_t part = i % parts, pass = (i / parts) % passes, rh = i / parts / passes;
+        const int64_t r = rh / kv_heads, h = rh % kv_heads;
         const int64_t first = pass * group / passes, last = (pass + 1) * group / passes;
-        attend<scalar_t>(s, rh / kv_heads, rh % kv_heads, first, last - first, q, cache, out, table, lens, buffer);
+        const int64_t L = lens[r];
+        int64_t start = sliding_window > 0 ? std::max<int64_t>(0, L - sliding_window) : 0;
+        int64_t stop = L;
+        float* rows = nullptr;
+        if (parts > 1) {
+          // Ranges of whole 8-position chunks; a request shorter than its parts leaves the last empty.
+          const int64_t chunk = ((L - start + parts - 1) / parts + 7) / 8 * 8;
+          stop = std::min(L, start + (part + 1) * chunk);
+          start = std::min(L, start + part * chunk);
+          // Part p's rows of request r: [heads][kPartialHeader + D], one part after another.
+          rows = partial.data() + ((r * parts + part) * heads + h * group + first) * (kPartialHeader + D);
+          if (start >= stop) {
+            for (int64_t g = first; g < last; ++g) rows[(g - first) * (kPartialHeader + D) + 1] = 0.f;
+            continue;
+          }
+        }
+        attend<scalar_t>(s, r, h, first, last - first, start, stop, q, cache, out, rows, table, buffer);
       }
     };
     if (!parallel) {
@@ -378,6 +446,11 @@ void decode_attention(const at::Tensor& query, const at::Tensor& key, const at::
     } else {
       at::parallel_for(0, items, 1, run);
     }
+    if (parts > 1)
+      for (int64_t r = 0; r < requests; ++r)
+        for (int64_t head = 0; head < heads; ++head)
+          merge_parts<scalar_t>(partial.data() + (r * parts * heads + head) * (kPartialHeader + D), parts,
+                                heads * (kPartialHeader + D), D, out + r * s.out_row + head * D);
   };
   switch (kv_cache.scalar_type()) {
     case at::kFloat: dispatch(float{}); break;
