@@ -269,9 +269,6 @@ FLAGS: tuple[Flag, ...] = (
            "and the draw in torch ops (0)", LEVER,
            ("patches/worker/sampler_argmax.py", "patches/worker/cpu_random_sample.py",
             "quantization/kernels/csrc/argmax.cpp")),
-    Switch("VLLM_OMNI_EDGE_GREEDY_SAMPLER", "an all-greedy step with no logprobs, penalties, bad words, "
-           "allowed-token mask or active logit bias / minimum tokens sampled by one argmax of the logits (1); "
-           "or vLLM's sampler (0)", LEVER, ("patches/worker/greedy_sampler.py",)),
     Switch("VLLM_OMNI_EDGE_ATTENTION_CALLS", "CPU attention calls of a decoder layer with cache "
            "views kept and ops called directly (1); or vLLM's (0)", LEVER,
            ("patches/worker/cpu_attention_calls.py",)),

@@ -271,8 +271,6 @@ def collect_worker_evidence(worker) -> dict:
         "decoder_stack": _decoder_stack(runner),
         # Steady decode steps prepared from the batch for the stack (patches/worker/stack_step_inputs.py).
         "stack_step_inputs": _stack_step_inputs(runner),
-        # All-greedy steps sampled by one argmax of the logits (patches/worker/greedy_sampler.py).
-        "greedy_sampler": _greedy_sampler(),
         # Compiled forwards' argument patterns called with a kept list (patches/worker/compiled_graph_args.py).
         "compiled_graph_args": _compiled_graph_args(),
         # MLPs whose forward is the one fused op (patches/worker/fused_silu_mlp.py).
@@ -344,12 +342,6 @@ def _stack_step_inputs(runner) -> dict:
     from vllm_omni_edge.patches.worker.stack_step_inputs import summary
 
     return summary(runner)
-
-
-def _greedy_sampler() -> bool:
-    from vllm_omni_edge.patches.worker.greedy_sampler import in_force
-
-    return in_force()
 
 
 def _compiled_graph_args() -> dict[str, int]:

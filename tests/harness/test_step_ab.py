@@ -144,24 +144,3 @@ def test_the_sampler_argmax_lever_swaps_the_static_method():
         assert patch.in_force() and sampler.Sampler.__dict__["greedy_sample"] is ours
     finally:
         sampler.Sampler.greedy_sample = before
-
-
-def test_the_greedy_sampler_lever_swaps_the_forward_and_counts_one_argmax_steps():
-    sampler = pytest.importorskip("vllm.v1.sample.sampler")
-
-    from vllm_omni_edge.patches.worker import greedy_sampler as patch
-
-    before = sampler.Sampler.forward
-    patch._wrap(sampler)
-    ours = sampler.Sampler.forward
-    try:
-        lever = step_ab.LEVERS["greedy_sampler"]()
-        lever.off()
-        assert not patch.in_force()
-        lever.on()
-        assert patch.in_force() and sampler.Sampler.forward is ours
-        assert not lever.acted()  # no step took one argmax since the lever was made
-        patch.taken["steps"] += 1
-        assert lever.acted()
-    finally:
-        sampler.Sampler.forward = before

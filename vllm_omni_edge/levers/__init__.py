@@ -38,7 +38,6 @@ ATTENTION_CALLS_ENV = "VLLM_OMNI_EDGE_ATTENTION_CALLS"
 GRAPH_ARGS_ENV = "VLLM_OMNI_EDGE_GRAPH_ARGS"
 SLOT_MAPPING_CALL_ENV = "VLLM_OMNI_EDGE_SLOT_MAPPING_CALL"
 SAMPLER_ARGMAX_ENV = "VLLM_OMNI_EDGE_SAMPLER_ARGMAX"
-GREEDY_SAMPLER_ENV = "VLLM_OMNI_EDGE_GREEDY_SAMPLER"
 FUSED_MLP_ENV = "VLLM_OMNI_EDGE_FUSED_MLP"
 ATTENTION_ONE_CALL_ENV = "VLLM_OMNI_EDGE_ATTENTION_ONE_CALL"
 DECODE_ATTENTION_ENV = "VLLM_OMNI_EDGE_DECODE_ATTENTION"
@@ -215,11 +214,6 @@ def slot_mapping_call_enabled() -> bool:
 
 def sampler_argmax_enabled() -> bool:
     return envs.get(SAMPLER_ARGMAX_ENV)
-
-
-def greedy_sampler_enabled() -> bool:
-    """An all-greedy step with nothing that can move its argmax is sampled by one argmax."""
-    return envs.get(GREEDY_SAMPLER_ENV)
 
 
 def code_pages_drop_enabled() -> bool:

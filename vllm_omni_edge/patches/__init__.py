@@ -38,7 +38,6 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.worker.compile_progress",
     "vllm_omni_edge.patches.worker.cpu_random_sample",
     "vllm_omni_edge.patches.worker.sampler_argmax",
-    "vllm_omni_edge.patches.worker.greedy_sampler",
     "vllm_omni_edge.patches.worker.seeded_prompt_chunk",
     "vllm_omni_edge.patches.worker.cpu_attention_calls",
     "vllm_omni_edge.patches.worker.fused_silu_mlp",

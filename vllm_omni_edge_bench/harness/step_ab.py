@@ -126,26 +126,6 @@ def _sampler_argmax() -> Lever:
     return Lever(off, on, patch.in_force)
 
 
-def _greedy_sampler() -> Lever:
-    from vllm.v1.sample import sampler
-
-    from vllm_omni_edge.patches.worker import greedy_sampler as patch
-
-    if not patch.in_force():
-        raise StepABError("greedy_sampler is not applied in this process")
-    ours = sampler.Sampler.forward
-    stock = ours.__wrapped__
-    before = patch.taken["steps"]
-
-    def off():
-        sampler.Sampler.forward = stock
-
-    def on():
-        sampler.Sampler.forward = ours
-
-    return Lever(off, on, lambda: patch.taken["steps"] > before)
-
-
 def _decode_prefetch() -> Lever:
     import torch
 
@@ -193,7 +173,6 @@ LEVERS: dict[str, Callable[[], Lever]] = {
     "slot_mapping_call": _slot_mapping,
     "decode_attention": _decode_attention,
     "sampler_argmax": _sampler_argmax,
-    "greedy_sampler": _greedy_sampler,
     "decode_prefetch": _decode_prefetch,
     "stack_step_inputs": _stack_step_inputs,
 }
