@@ -297,6 +297,9 @@ FLAGS: tuple[Flag, ...] = (
            "before the load (pause or 1); CPython's throughout (0)", LEVER,
            ("levers/startup_gc.py", "patches/frontend/startup_gc.py", "patches/frontend/engine_start_gc.py"),
            ("young", "1", "pause", "0"), "young"),
+    Switch("VLLM_OMNI_EDGE_IMPORT_GC", "automatic collection held back (in VLLM_OMNI_EDGE_STARTUP_GC's "
+           "mode) while vllm and vllm.entrypoints.llm import (1); or CPython's during the imports (0)", LEVER,
+           ("patches/common/import_gc.py", "levers/startup_gc.py")),
     Choice("VLLM_OMNI_EDGE_COMPILE_WARMUP", "warm-up of a compiled model with 16 tokens (short); or "
            "vLLM's max_num_batched_tokens (full)", LEVER, ("patches/worker/compile_warmup_tokens.py",),
            ("short", "full"), "short"),

@@ -44,6 +44,7 @@ DECODE_ATTENTION_ENV = "VLLM_OMNI_EDGE_DECODE_ATTENTION"
 DECODER_STACK_ENV = "VLLM_OMNI_EDGE_DECODER_STACK"
 STACK_STEP_INPUTS_ENV = "VLLM_OMNI_EDGE_STACK_STEP_INPUTS"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
+IMPORT_GC_ENV = "VLLM_OMNI_EDGE_IMPORT_GC"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TORCH_KEY_MEMO_ENV = "VLLM_OMNI_EDGE_TORCH_KEY_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
@@ -156,6 +157,11 @@ def startup_gc_mode() -> str:
 
 def startup_gc_enabled() -> bool:
     return startup_gc_mode() != "off"
+
+
+def import_gc_enabled() -> bool:
+    """Collection held back while vLLM's package and LLM module import (with the start-up lever on)."""
+    return envs.get(IMPORT_GC_ENV)
 
 
 def embed_prepack_enabled() -> bool:

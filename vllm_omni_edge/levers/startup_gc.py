@@ -38,6 +38,12 @@ RESUMED_SERVER_READY = "server ready (after vLLM's freeze_gc_heap)"
 RESUMED_ENGINE_READY = "engine core ready (after EngineCore's freeze_gc_heap)"
 RESUMED_PATCH_NOT_APPLIED = "the startup_gc patch is not in force"
 RESUMED_DEADLINE = "deadline: the server was not ready in time"
+RESUMED_IMPORTED = "the module's import finished"
+RESUMED_TAKEN_OVER = "a server or engine start paused collection for itself"
+
+# ``paused_for`` of a pause that lasts one module's import (patches/common/import_gc.py).
+IMPORT = "import"
+_imports = {"pauses": 0, "seconds": 0.0}  # import pauses ended in this process, and their time
 
 # A start that never reaches the server's freeze (a headless engine, a supervisor of
 # several API servers, a hang) gets collection back after this long anyway.
@@ -54,8 +60,10 @@ _lock = threading.Lock()  # the deadline timer resumes from its own thread
 def pause(deadline_s: float = DEADLINE_S, paused_for: str = "server") -> bool:
     """Turn automatic collection off until :func:`resume` (at the latest after
     ``deadline_s``), if the lever is on. ``paused_for`` names the start held back: "server"
-    (the CLI's `serve`, resumed at server ready) or "engine" (an engine core built in this
-    process, patches/frontend/engine_start_gc.py, resumed when the engine core is ready).
+    (the CLI's `serve`, resumed at server ready), "engine" (an engine core built in this
+    process, patches/frontend/engine_start_gc.py, resumed when the engine core is ready) or
+    "import" (one module's import, patches/common/import_gc.py; a server's or an engine's
+    pause ends it and takes over).
 
     Returns whether this call paused it (False when the lever is off, or collection
     was already off, paused by us or by someone else whose choice we leave alone)."""
@@ -65,6 +73,8 @@ def pause(deadline_s: float = DEADLINE_S, paused_for: str = "server") -> bool:
 
     global _paused_at, _record, _deadline, _thresholds
     with _lock:
+        if _paused_at is not None and _record.get("paused_for") == IMPORT and paused_for != IMPORT:
+            _end_pause(RESUMED_TAKEN_OVER)  # a start's own pause takes over from an import's
         if _paused_at is not None or not startup_gc_enabled() or not gc.isenabled():
             return False
         mode = startup_gc_mode()
@@ -90,18 +100,26 @@ def is_paused() -> bool:
 def resume(reason: str, only_if_paused_for: str | None = None) -> dict | None:
     """Turn automatic collection back on, if :func:`pause` turned it off (for
     ``only_if_paused_for``, when given); idempotent."""
-    global _paused_at
     with _lock:
         if _paused_at is None:
             return None
         if only_if_paused_for is not None and _record.get("paused_for") != only_if_paused_for:
             return None
-        _deadline.cancel()
-        _restore_collection()
-        _record.update(resumed_by=reason, seconds_paused=round(time.monotonic() - _paused_at, 3),
-                       frozen_objects=gc.get_freeze_count())
-        _paused_at = None
-        return dict(_record)
+        return _end_pause(reason)
+
+
+def _end_pause(reason: str) -> dict:
+    """Under the lock, while paused: collection back as it was; the record of the pause."""
+    global _paused_at
+    _deadline.cancel()
+    _restore_collection()
+    seconds = time.monotonic() - _paused_at
+    _record.update(resumed_by=reason, seconds_paused=round(seconds, 3), frozen_objects=gc.get_freeze_count())
+    if _record.get("paused_for") == IMPORT:
+        _imports["pauses"] += 1
+        _imports["seconds"] += seconds
+    _paused_at = None
+    return dict(_record)
 
 
 def _restore_collection() -> None:
@@ -144,4 +162,5 @@ def collect_and_freeze() -> int | None:
 
 def record() -> dict:
     """What the lever did in this process, for the evidence."""
-    return {**_record, "paused_now": is_paused()}
+    imports = {"import_pauses": _imports["pauses"], "import_seconds_paused": round(_imports["seconds"], 3)}
+    return {**_record, "paused_now": is_paused(), **imports}

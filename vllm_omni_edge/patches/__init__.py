@@ -58,6 +58,7 @@ PLUGIN_PATCHES: tuple[str, ...] = (
     "vllm_omni_edge.patches.common.torchvision_native_ops",
     "vllm_omni_edge.patches.common.lazy_imports",
     "vllm_omni_edge.patches.common.transformers_import_memo",
+    "vllm_omni_edge.patches.common.import_gc",
     "vllm_omni_edge.patches.worker.qwen2_5_omni_voice_type",
     "vllm_omni_edge.patches.frontend.diffusion_chat_modalities",
     "vllm_omni_edge.patches.frontend.spoken_question_pipeline",

@@ -9,6 +9,8 @@ a finder to ``sys.meta_path`` (no heavy import) and acts when its module is impo
   on a CPU-only torch (``VLLM_OMNI_EDGE_LAZY_IMPORTS=0`` turns it off);
 - ``transformers_import_memo``: transformers' import-time scans remembered across starts
   (``VLLM_OMNI_EDGE_IMPORT_MEMO=0`` turns it off);
+- ``import_gc``: automatic collection held back while ``vllm`` and ``vllm.entrypoints.llm``
+  import (``VLLM_OMNI_EDGE_IMPORT_GC=0`` turns it off);
 - ``omni_plugin_by_model``: ``LLM()`` loads vLLM-Omni's general plugin only for its own
   architectures (vLLM loads the plugins before ours could install it).
 """
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 
 def install_interpreter_hooks() -> None:
-    from vllm_omni_edge.patches.common import lazy_imports, torchvision_native_ops, transformers_import_memo
+    from vllm_omni_edge.patches.common import import_gc, lazy_imports, torchvision_native_ops, transformers_import_memo
     from vllm_omni_edge.patches.frontend import omni_plugin_by_model
 
+    import_gc.install()
     lazy_imports.install()
     transformers_import_memo.install()
     torchvision_native_ops.install()
