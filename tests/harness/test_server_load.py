@@ -216,3 +216,14 @@ def test_a_stream_whose_tokens_arrived_bunched_is_a_problem():
     problem = server_load.bunched_stream_problem(bunched, "tg128 decode")
     assert problem and "bunched" in problem and "tg128 decode" in problem
     assert server_load.bunched_stream_problem([0.00008] * 5, "short") is None  # too few to judge
+
+
+def test_tokens_read_together_right_after_the_first_are_left_out_of_the_rate():
+    # The client came late: 56 tokens were waiting and read at once, then one token every 3.2 ms.
+    gaps = [0.0] * 56 + [0.0032] * 71
+    late = server_load.late_start(gaps)
+    assert late == 56
+    assert abs((len(gaps) - late) / sum(gaps[late:]) - 312.5) < 0.1  # not 127 / 0.227 s = 559
+    assert server_load.late_start([0.0032] * 10) == 0
+    assert server_load.late_start([0.0032, 0.0, 0.0032]) == 0  # only a leading run counts
+    assert server_load.late_start([0.0] * 4) == 4

@@ -47,7 +47,8 @@ ENGINE_INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup m
 ENGINE_INIT_SOURCE = ("server log: vLLM's 'init engine (profile, create kv cache, warmup model) took' "
                       "(the engine core's own timing)")
 STREAM_FIRST_TOKEN = "stream: request sent to first streamed token (HTTP, tokenisation, queueing, prefill)"
-STREAM_DECODE = "stream: (n-1) / (last streamed token - first streamed token), one request"
+STREAM_DECODE = ("stream: tokens after the first / (last streamed token - first streamed token), one request; "
+                 "a run of tokens read together right after the first (the client late) left out")
 STREAM_PREFILL = "stream: prompt tokens / time to first streamed token, one request with max_tokens=1"
 CPU_SPLIT_SOURCE = ("psutil: CPU time of the server tree's threads by role, and this client's process_time, "
                     "over the decode call (the client's set-up, the request, its stream to the last token), "
@@ -161,11 +162,15 @@ class ServerPass:
                 cpu = thread_cpu.split(cpu_before, thread_cpu.snapshot(self.server.proc.pid))
             requests.append(full)
             result["cpu_split"] = cpu
-            decode_s = sum(full["token_gaps_s"])
-            if (bunched := server_load.bunched_stream_problem(full["token_gaps_s"], f"{label} decode")):
+            gaps = full["token_gaps_s"]
+            late = server_load.late_start(gaps)
+            decode_s = sum(gaps[late:])
+            if late:
+                result["tokens_read_late"] = late
+            if (bunched := server_load.bunched_stream_problem(gaps, f"{label} decode")):
                 self.problems.append(bunched)
             if full["status"] == "completed" and decode_s > 0:
-                figures[label] = _figure((full["streamed_tokens"] - 1) / decode_s, "tok/s", "higher", STREAM_DECODE)
+                figures[label] = _figure((len(gaps) - late) / decode_s, "tok/s", "higher", STREAM_DECODE)
                 for role in thread_cpu.ROLES:
                     figures[f"{label} CPU, {role}"] = _figure(
                         100 * cpu["share_of_wall"][role], "% of wall", "lower", CPU_SPLIT_SOURCE)

@@ -220,6 +220,13 @@ def outcome_problems(outcomes: list[RequestOutcome], what: str) -> list[str]:
 BUNCHED_GAP_S = 0.0005
 
 
+def late_start(gaps_s: list[float]) -> int:
+    """How many of a stream's first token gaps are shorter than :data:`BUNCHED_GAP_S`: tokens the
+    client read in one go right after the first, because it came late to the stream. The server sent
+    them over a time the client did not see, so a rate from the read times leaves them out."""
+    return next((i for i, gap in enumerate(gaps_s) if gap >= BUNCHED_GAP_S), len(gaps_s))
+
+
 def bunched_stream_problem(gaps_s: list[float], what: str) -> str | None:
     """A problem when most of one stream's token gaps are shorter than :data:`BUNCHED_GAP_S`."""
     if len(gaps_s) < 8:
