@@ -10,9 +10,9 @@ during an import's ends the import's and takes over. A body that raises leaves t
 lever's deadline.
 Why: those two bodies import most of torch's compiler stack, transformers and vLLM: millions of
 objects that live as long as the process. With collection on, CPython scans that growing heap
-again each time it grows by a quarter: a quarter of ``from vllm import LLM`` (ad hoc on the Zen 5
-box: 4.35–4.94 s with collection on, 3.66 s young, 3.55 s off). The server's and the engine's
-start-up pauses began after the import.
+again each time it grows by a quarter, a large share of ``from vllm import LLM`` (the start-up
+grid named under Verified by has the figures). The server's and the engine's start-up pauses
+began after the import.
 Flag: ``VLLM_OMNI_EDGE_IMPORT_GC=0`` leaves collection on during the imports (the A/B arm);
 ``VLLM_OMNI_EDGE_STARTUP_GC=0`` turns every start-up pause off, this one too.
 Verified by: tests/test_import_gc.py (fresh interpreters: collection young inside the import and
@@ -36,7 +36,7 @@ RECORD = PatchRecord(
     target="sys.meta_path (the bodies of vllm and vllm.entrypoints.llm)",
     process=Process.WORKER,  # every interpreter that imports vLLM
     why="Importing vLLM builds millions of long-lived objects, and automatic collection rescans that "
-    "growing heap: a quarter of `from vllm import LLM`; the start-up pauses began after the import.",
+    "growing heap, a large share of `from vllm import LLM`; the start-up pauses began after the import.",
     verified_by="tests/test_import_gc.py; start-up-import-gc-default.yaml (evidence startup_gc.import_pauses).",
     remove_when="vLLM or CPython stops rescanning the import heap (a freeze after import).",
     upstream="none found",
