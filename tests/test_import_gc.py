@@ -76,3 +76,14 @@ def test_an_import_leaves_a_servers_pause_alone(young):
     import_gc._resume(None)
     assert startup_gc.is_paused() and startup_gc.record()["paused_for"] == "server"
     assert gc.get_threshold() == (young[0], startup_gc.NEVER, startup_gc.NEVER)
+
+
+@pytest.mark.parametrize("variable", ["VLLM_OMNI_EDGE_IMPORT_GC", STARTUP_GC_ENV])
+def test_a_bad_flag_value_is_named_and_leaves_collection_and_the_other_hooks_alone(monkeypatch, variable):
+    from vllm_omni_edge.patches.common import import_gc
+
+    monkeypatch.setenv(variable, "2")
+    monkeypatch.setattr(import_gc, "_installed", False)
+    message = import_gc.install()
+    assert variable in message and "'2'" in message, message
+    assert not startup_gc.is_paused()

@@ -61,6 +61,7 @@ def _resume(module) -> None:
 def install() -> str:
     """Cheap (imports nothing heavy); at interpreter start and by ``apply``."""
     global _installed
+    from vllm_omni_edge import envs
     from vllm_omni_edge.levers import import_gc_enabled, startup_gc_enabled
     from vllm_omni_edge.patches.import_hook import before_imported, when_imported
 
@@ -68,7 +69,13 @@ def install() -> str:
         if _installed:
             return "already installed"
         _installed = True
-    if not import_gc_enabled() or not startup_gc_enabled():
+    try:
+        enabled = import_gc_enabled() and startup_gc_enabled()
+    except envs.FlagError as err:
+        # At interpreter start a raise would skip the other hooks and print a traceback in every
+        # Python process; the CLI and `doctor` refuse the value with this same message.
+        return f"collection as CPython's while vLLM imports: {err}"
+    if not enabled:
         return "collection as CPython's while vLLM imports (flag)"
     watched = [name for name in MODULES if before_imported(name, _pause)]
     for name in watched:
