@@ -115,7 +115,7 @@ def test_demo_refuses_unknown_weights():
         pull_demo_model("fp8", progress=None)
 
 
-def test_demo_defaults_to_cpu_int4_compiled():
+def test_demo_defaults_to_cpu_int4_and_the_servers_compile_choice():
     from vllm_omni_edge.cli.main import build_parser
 
     assert build_parser().parse_args(["demo"]).weights == "cpu_int4"

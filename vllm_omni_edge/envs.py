@@ -300,6 +300,13 @@ FLAGS: tuple[Flag, ...] = (
     Switch("VLLM_OMNI_EDGE_IMPORT_GC", "automatic collection held back (in VLLM_OMNI_EDGE_STARTUP_GC's "
            "mode) while vllm and vllm.entrypoints.llm import (1); or CPython's during the imports (0)", LEVER,
            ("patches/common/import_gc.py", "levers/startup_gc.py")),
+    Switch("VLLM_OMNI_EDGE_INDUCTOR_DEFERRED", "inductor's compiler modules imported when a model compiles "
+           "or loads a compiled graph (1); or when vllm imports, as vLLM does (0)", LEVER,
+           ("patches/common/inductor_fallback_deferred.py", "patches/common/import_compile_lazy.py")),
+    Choice("VLLM_OMNI_EDGE_COMPILE", "whether a model is compiled when you do not say: eager where our C++ "
+           "decoder stack will run its decode steps, compiled elsewhere (auto); compiled (on); eager (off). "
+           "--enforce-eager, or a compilation config or optimization level you give, wins", LEVER,
+           ("levers/compile_choice.py", "patches/frontend/compile_choice.py"), ("auto", "on", "off"), "auto"),
     Choice("VLLM_OMNI_EDGE_COMPILE_WARMUP", "warm-up of a compiled model with 16 tokens (short); or "
            "vLLM's max_num_batched_tokens (full)", LEVER, ("patches/worker/compile_warmup_tokens.py",),
            ("short", "full"), "short"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_omni_edge import envs
 from vllm_omni_edge.atomic import atomic_write_bytes
-from vllm_omni_edge.levers import startup_gc
+from vllm_omni_edge.levers import EAGER_FOR_STACK_ATTR, startup_gc
 from vllm_omni_edge.log import get_logger
 
 EVIDENCE_ENV = "VLLM_OMNI_EDGE_EVIDENCE_DIR"
@@ -254,6 +254,8 @@ def collect_worker_evidence(worker) -> dict:
         "vllm_version": vllm.__version__,
         "compiled": int(compilation.mode) != 0,
         "compilation_mode": str(compilation.mode),
+        # Why the plugin made this engine eager (patches/frontend/compile_choice.py), or None.
+        "compile_choice": getattr(worker.model_config, EAGER_FOR_STACK_ATTR, None),
         # Whether this start compiled the model or loaded vLLM's saved artifact (compile_cache_load).
         "compile_cache": _compile_cache_counts(),
         # Inductor's ISA load probes this process answered from the memo or ran (isa_probe_memo).

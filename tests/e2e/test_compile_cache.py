@@ -22,7 +22,8 @@ def test_second_compiled_start_loads_the_artifact_and_answers_the_same(default_m
     for start in ("first", "second"):
         run = run_probe(default_model, tmp_path / start, {"enforce_eager": False}, timeout=900,
                         VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
-                        VLLM_OMNI_EDGE_CACHE=str(tmp_path / "edge-cache"))
+                        VLLM_OMNI_EDGE_CACHE=str(tmp_path / "edge-cache"),
+                        VLLM_OMNI_EDGE_COMPILE="on")  # compile_choice would run this model eager
         assert run.returncode == 0, run.log
         [worker] = run.workers
         assert worker["compiled"], worker["compilation_mode"]

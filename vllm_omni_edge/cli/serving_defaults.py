@@ -35,6 +35,32 @@ def model_context_limit(model: str) -> int | None:
     return min(found) if found else None
 
 
+def compile_said(args: list[str], model: str | None) -> str:
+    """Compiled or eager, as ``compile_choice`` will decide it for these arguments."""
+    from vllm_omni_edge.levers import compile_choice, compile_mode
+
+    if has_option(args, "--enforce-eager"):
+        return "eager (yours)"
+    chose = any(has_option(args, o) for o in ("--compilation-config", "-cc", "--optimization-level")) \
+        or any(a.startswith("-O") for a in args)
+    decision = compile_choice.decide(compile_mode(), model or "", _option_value(args, "--quantization"),
+                                     user_chose=chose)
+    if decision.eager:
+        return decision.reason
+    return ("compiled" + ("" if chose else f" ({decision.reason.removeprefix('compiled: ')})")
+            + ": a machine's first start compiles, about a minute on 2 cores; later starts load it; "
+            "--enforce-eager skips")
+
+
+def _option_value(args: list[str], option: str) -> str | None:
+    for i, a in enumerate(args):
+        if a.startswith(option + "="):
+            return a.split("=", 1)[1]
+        if a == option and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
 def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str], str]:
     """``args`` with the edge defaults the user did not set, and the line that states them."""
     args = list(args)
@@ -62,11 +88,7 @@ def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str]
         chunk_ms = stream_chunk_s() * 1000
         said.append(f"streamed chunks at least {chunk_ms:g} ms apart" if chunk_ms > 0
                     else "a streamed chunk per step")
-    if has_option(args, "--enforce-eager"):
-        said.append("eager")
-    else:
-        said.append("compiled (a machine's first start compiles, about a minute on 2 cores; later starts "
-                    "load it; --enforce-eager skips)")
+    said.append(compile_said(args, model))
     return args, "serving defaults: " + ", ".join(said) + "; flags you give win"
 
 

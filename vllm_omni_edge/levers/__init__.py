@@ -45,6 +45,10 @@ DECODER_STACK_ENV = "VLLM_OMNI_EDGE_DECODER_STACK"
 STACK_STEP_INPUTS_ENV = "VLLM_OMNI_EDGE_STACK_STEP_INPUTS"
 STARTUP_GC_ENV = "VLLM_OMNI_EDGE_STARTUP_GC"
 IMPORT_GC_ENV = "VLLM_OMNI_EDGE_IMPORT_GC"
+INDUCTOR_DEFERRED_ENV = "VLLM_OMNI_EDGE_INDUCTOR_DEFERRED"
+COMPILE_ENV = "VLLM_OMNI_EDGE_COMPILE"
+# On a ModelConfig that compile_choice made eager for the decoder stack: why (decoder_stack, evidence).
+EAGER_FOR_STACK_ATTR = "_edge_eager_for_stack"
 ISA_PROBE_MEMO_ENV = "VLLM_OMNI_EDGE_ISA_PROBE_MEMO"
 TORCH_KEY_MEMO_ENV = "VLLM_OMNI_EDGE_TORCH_KEY_MEMO"
 TOKENIZER_POOL_ENV = "VLLM_OMNI_EDGE_TOKENIZER_POOL"
@@ -162,6 +166,16 @@ def startup_gc_enabled() -> bool:
 def import_gc_enabled() -> bool:
     """Collection held back while vLLM's package and LLM module import (with the start-up lever on)."""
     return envs.get(IMPORT_GC_ENV)
+
+
+def inductor_deferred_enabled() -> bool:
+    """Inductor's compiler modules imported when a model compiles, not when vllm imports."""
+    return envs.get(INDUCTOR_DEFERRED_ENV)
+
+
+def compile_mode() -> str:
+    """auto (eager where the decoder stack runs decode), on (compiled) or off (eager)."""
+    return envs.get(COMPILE_ENV)
 
 
 def embed_prepack_enabled() -> bool:

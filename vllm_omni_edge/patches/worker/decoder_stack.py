@@ -270,6 +270,17 @@ def plan(runner):
     return Stack(op, embed, embedding, names, caches[0], layers[0].self_attn.qkv_proj.qweight, layers, kernel)
 
 
+def _warn_if_eager_chosen(runner, why: str) -> None:
+    """The compile choice made this engine eager for the stack, which does not run: say so."""
+    from vllm_omni_edge.levers import EAGER_FOR_STACK_ATTR
+    from vllm_omni_edge.log import get_logger
+
+    if getattr(getattr(runner, "model_config", None), EAGER_FOR_STACK_ATTR, None):
+        get_logger("decoder_stack").warning(
+            "vllm-omni-edge: this engine runs eager because the C++ decoder stack was expected to run its "
+            "decode steps, but it does not (%s): decode goes op by op; VLLM_OMNI_EDGE_COMPILE=on compiles", why)
+
+
 def _current(runner):
     """The runner's Stack if its model has one and it is still valid; None otherwise."""
     state = runner.__dict__.get(_STATE_ATTR)
@@ -283,6 +294,7 @@ def _current(runner):
             state = plan(runner)
         except Unsupported as why:
             state = str(why)
+            _warn_if_eager_chosen(runner, state)
         runner.__dict__[_STATE_ATTR] = state
     return state if isinstance(state, Stack) else None
 

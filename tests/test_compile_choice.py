@@ -1,0 +1,91 @@
+"""compile_choice: eager where the decoder stack runs decode, compiled elsewhere, the user's word wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_omni_edge.levers import compile_choice as cc
+
+LLAMA_INT4 = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576,
+              "quantization_config": {"quant_method": "cpu_int4", "group_size": 32, "zero_point": "float"}}
+
+
+def checkpoint(tmp_path, config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.fixture
+def stack_kernel(monkeypatch):
+    """This CPU routes to a kernel the decoder stack calls (whatever box the tests run on)."""
+    monkeypatch.setattr(cc, "routed_kernel", lambda config: "avx512_w4a8_rows16")
+
+
+def test_a_cpu_int4_llama_runs_eager_where_the_stack_runs(tmp_path, stack_kernel):
+    decision = cc.decide("auto", checkpoint(tmp_path, LLAMA_INT4), None, user_chose=False)
+    assert decision.eager and "decoder stack" in decision.reason
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"architectures": ["GemmaForCausalLM"]}, "is not one the decoder stack runs"),
+    ({"quantization_config": {}}, "not cpu_int4"),
+    ({"architectures": ["WhisperForConditionalGeneration"]}, "is not one the decoder stack runs"),
+])
+def test_models_the_stack_does_not_run_stay_compiled(tmp_path, stack_kernel, change, why):
+    decision = cc.decide("auto", checkpoint(tmp_path, {**LLAMA_INT4, **change}), None, user_chose=False)
+    assert not decision.eager and why in decision.reason
+
+
+def test_online_quantization_counts_as_cpu_int4(tmp_path, stack_kernel):
+    config = {**LLAMA_INT4, "quantization_config": None}
+    assert cc.decide("auto", checkpoint(tmp_path, config), "cpu_int4", user_chose=False).eager
+    assert not cc.decide("auto", checkpoint(tmp_path, config), None, user_chose=False).eager
+
+
+def test_a_kernel_the_stack_does_not_call_stays_compiled(tmp_path, monkeypatch):
+    monkeypatch.setattr(cc, "routed_kernel", lambda config: "int4pack")
+    decision = cc.decide("auto", checkpoint(tmp_path, LLAMA_INT4), None, user_chose=False)
+    assert not decision.eager and "int4pack" in decision.reason
+
+
+def test_the_routed_kernel_is_this_cpus(tmp_path):
+    from vllm_omni_edge.patches.worker.decoder_stack import KERNELS
+
+    kernel = cc.routed_kernel(LLAMA_INT4)
+    assert kernel is None or isinstance(kernel, str)
+    expected, why = cc.stack_expected(checkpoint(tmp_path, LLAMA_INT4), None)
+    assert expected == (kernel in KERNELS), why
+
+
+@pytest.mark.parametrize("kw", [{"lora": True}, {"speculative": True}, {"workers": 2}])
+def test_lora_speculation_and_several_workers_stay_compiled(tmp_path, stack_kernel, kw):
+    assert not cc.decide("auto", checkpoint(tmp_path, LLAMA_INT4), None, user_chose=False, **kw).eager
+
+
+def test_the_flag_and_the_user_win(tmp_path, stack_kernel, monkeypatch):
+    model = checkpoint(tmp_path, LLAMA_INT4)
+    assert not cc.decide("on", model, None, user_chose=False).eager
+    assert cc.decide("off", checkpoint(tmp_path, {"architectures": ["GemmaForCausalLM"]}), None,
+                     user_chose=False).eager
+    decision = cc.decide("auto", model, None, user_chose=True)
+    assert not decision.eager and decision.reason == "yours"
+    monkeypatch.setenv("VLLM_OMNI_EDGE_DECODER_STACK", "0")
+    assert not cc.decide("auto", model, None, user_chose=False).eager
+
+
+def test_engine_args_take_the_decision_once_and_keep_the_users(tmp_path, stack_kernel):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_omni_edge.patches.frontend import compile_choice as patch
+
+    model = checkpoint(tmp_path, LLAMA_INT4)
+    args = EngineArgs(model=model)
+    assert patch.choose(args).eager and args.enforce_eager
+    assert patch.choose(args) is None  # decided once: a second create_engine_config keeps it
+    for given in ({"enforce_eager": True}, {"compilation_config": {"mode": 3}}, {"optimization_level": 3}):
+        args = EngineArgs(model=model, **given)
+        decision = patch.choose(args)
+        assert not decision.eager and decision.reason == "yours", given
+    assert not EngineArgs(model=model, compilation_config={"mode": 3}).enforce_eager
