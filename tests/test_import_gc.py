@@ -9,6 +9,7 @@ import pytest
 
 from tests.e2e.probe import run_script_probe
 from vllm_omni_edge.levers import STARTUP_GC_ENV, startup_gc
+from vllm_omni_edge.patches.import_hook import InstallOnce
 
 # In a fresh interpreter (the venv's .pth installs the hooks): the thresholds seen inside
 # vllm.config's body (imported by vllm.entrypoints.llm) and after the import, and the record.
@@ -83,7 +84,7 @@ def test_a_bad_flag_value_is_named_and_leaves_collection_and_the_other_hooks_alo
     from vllm_omni_edge.patches.common import import_gc
 
     monkeypatch.setenv(variable, "2")
-    monkeypatch.setattr(import_gc, "_installed", False)
+    monkeypatch.setattr(import_gc, "_once", InstallOnce())
     message = import_gc.install()
     assert variable in message and "'2'" in message, message
     assert not startup_gc.is_paused()

@@ -9,9 +9,6 @@ measured one-process layout holds. The user's own flags always win.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 EDGE_MAX_MODEL_LEN = 4096
 EDGE_MAX_NUM_SEQS = 2
 # vLLM derives the context limit from the smallest of these config keys (ModelConfig).
@@ -25,10 +22,10 @@ def has_option(args: list[str], option: str) -> bool:
 
 def model_context_limit(model: str) -> int | None:
     """The smallest context length a local HF checkpoint's config declares, or None."""
-    config_path = Path(model).expanduser() / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
+    from vllm_omni_edge.levers.compile_choice import read_config
+
+    config = read_config(model)
+    if config is None:
         return None
     sections = [config] + [config[k] for k in ("text_config", "llm_config") if isinstance(config.get(k), dict)]
     found = [s[k] for s in sections for k in _LENGTH_KEYS if isinstance(s.get(k), int) and s[k] > 0]

@@ -84,3 +84,29 @@ def _register(table: dict, module_name: str, callback: Callable[[ModuleType], No
         table.setdefault(module_name, []).append(callback)
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
+
+
+class InstallOnce:
+    """An interpreter-start hook's guard: installed at most once, and only with its flag on.
+
+    :meth:`refusal` is None the first time with the flag on; else why not (already installed,
+    the flag off, or its bad value named: at interpreter start a raise would skip the other
+    hooks and print a traceback in every Python process; the CLI and ``doctor`` refuse the
+    value with this same message)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._installed = False
+
+    def refusal(self, enabled: Callable[[], bool], off: str) -> str | None:
+        from vllm_omni_edge import envs
+
+        with self._lock:
+            if self._installed:
+                return "already installed"
+            self._installed = True
+        try:
+            on = enabled()
+        except envs.FlagError as err:
+            return f"{off}: {err}"
+        return None if on else f"{off} (flag)"

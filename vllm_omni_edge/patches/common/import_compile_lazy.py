@@ -29,6 +29,7 @@ import sys
 import threading
 
 from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import InstallOnce
 
 MARKER = "__edge_compile_lazy__"
 
@@ -45,8 +46,7 @@ RECORD = PatchRecord(
     upstream="none found",
 )
 
-_lock = threading.Lock()
-_installed = False
+_once = InstallOnce()
 
 
 def _from_import_time_body(frame) -> bool:
@@ -102,21 +102,12 @@ def _wrap(torch_module) -> None:
 
 def install() -> str:
     """Cheap (imports nothing heavy); at interpreter start."""
-    global _installed
-    from vllm_omni_edge import envs
     from vllm_omni_edge.levers import inductor_deferred_enabled
     from vllm_omni_edge.patches.import_hook import when_imported
 
-    with _lock:
-        if _installed:
-            return "already installed"
-        _installed = True
-    try:
-        enabled = inductor_deferred_enabled()
-    except envs.FlagError as err:  # named, not raised: see import_gc.install
-        return f"vLLM's module-level torch.compile as torch's: {err}"
-    if not enabled:
-        return "vLLM's module-level torch.compile as torch's (flag)"
+    refused = _once.refusal(inductor_deferred_enabled, "vLLM's module-level torch.compile as torch's")
+    if refused:
+        return refused
     when_imported("torch", _wrap)
     return "vLLM's module-level torch.compile functions compile on first call"
 

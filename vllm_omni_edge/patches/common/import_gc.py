@@ -24,9 +24,8 @@ Remove when: vLLM (or CPython) stops rescanning the import heap, e.g. a freeze a
 
 from __future__ import annotations
 
-import threading
-
 from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import InstallOnce
 
 MODULES = ("vllm", "vllm.entrypoints.llm")
 
@@ -42,8 +41,7 @@ RECORD = PatchRecord(
     upstream="none found",
 )
 
-_lock = threading.Lock()
-_installed = False
+_once = InstallOnce()
 
 
 def _pause(module) -> None:
@@ -60,23 +58,13 @@ def _resume(module) -> None:
 
 def install() -> str:
     """Cheap (imports nothing heavy); at interpreter start and by ``apply``."""
-    global _installed
-    from vllm_omni_edge import envs
     from vllm_omni_edge.levers import import_gc_enabled, startup_gc_enabled
     from vllm_omni_edge.patches.import_hook import before_imported, when_imported
 
-    with _lock:
-        if _installed:
-            return "already installed"
-        _installed = True
-    try:
-        enabled = import_gc_enabled() and startup_gc_enabled()
-    except envs.FlagError as err:
-        # At interpreter start a raise would skip the other hooks and print a traceback in every
-        # Python process; the CLI and `doctor` refuse the value with this same message.
-        return f"collection as CPython's while vLLM imports: {err}"
-    if not enabled:
-        return "collection as CPython's while vLLM imports (flag)"
+    refused = _once.refusal(lambda: import_gc_enabled() and startup_gc_enabled(),
+                            "collection as CPython's while vLLM imports")
+    if refused:
+        return refused
     watched = [name for name in MODULES if before_imported(name, _pause)]
     for name in watched:
         when_imported(name, _resume)

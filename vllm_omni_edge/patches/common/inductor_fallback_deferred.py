@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
-import threading
 
 from vllm_omni_edge.patches.base import Kind, PatchRecord, Process
+from vllm_omni_edge.patches.import_hook import InstallOnce
 
 TARGET = "vllm.env_override"
 LOWERING = "torch._inductor.lowering"
@@ -45,8 +45,7 @@ RECORD = PatchRecord(
     upstream="none found",
 )
 
-_lock = threading.Lock()
-_installed = False
+_once = InstallOnce()
 
 
 class _Refuse(importlib.abc.MetaPathFinder):
@@ -88,21 +87,12 @@ def _after(module) -> None:
 
 def install() -> str:
     """Cheap (imports nothing heavy); at interpreter start."""
-    global _installed
-    from vllm_omni_edge import envs
     from vllm_omni_edge.levers import inductor_deferred_enabled
     from vllm_omni_edge.patches.import_hook import before_imported, when_imported
 
-    with _lock:
-        if _installed:
-            return "already installed"
-        _installed = True
-    try:
-        enabled = inductor_deferred_enabled()
-    except envs.FlagError as err:  # named, not raised: see import_gc.install
-        return f"inductor's lowering imported with vllm: {err}"
-    if not enabled:
-        return "inductor's lowering imported with vllm (flag)"
+    refused = _once.refusal(inductor_deferred_enabled, "inductor's lowering imported with vllm")
+    if refused:
+        return refused
     if not before_imported(TARGET, _before):
         return "vllm was already imported: from the next start"
     when_imported(TARGET, _after)
