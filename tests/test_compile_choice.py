@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 
@@ -75,17 +76,36 @@ def test_the_flag_and_the_user_win(tmp_path, stack_kernel, monkeypatch):
     assert not cc.decide("auto", model, None, user_chose=False).eager
 
 
-def test_engine_args_take_the_decision_once_and_keep_the_users(tmp_path, stack_kernel):
+def engine_args(model, **given):
+    """EngineArgs' fields compile_choice reads, at their defaults unless given (building real
+    EngineArgs would load the plugin's patches into this test process)."""
+    from vllm.config import CompilationConfig
     from vllm.engine.arg_utils import EngineArgs
+
+    fields = EngineArgs.__dataclass_fields__
+    args = types.SimpleNamespace(
+        model=model, quantization=None, enforce_eager=fields["enforce_eager"].default,
+        compilation_config=CompilationConfig(), optimization_level=fields["optimization_level"].default,
+        tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, enable_lora=False,
+        speculative_config=None)
+    for name, value in given.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_engine_args_take_the_decision_once_and_keep_the_users(tmp_path, stack_kernel):
+    from vllm.config import CompilationConfig
 
     from vllm_omni_edge.patches.frontend import compile_choice as patch
 
     model = checkpoint(tmp_path, LLAMA_INT4)
-    args = EngineArgs(model=model)
+    args = engine_args(model)
     assert patch.choose(args).eager and args.enforce_eager
     assert patch.choose(args) is None  # decided once: a second create_engine_config keeps it
-    for given in ({"enforce_eager": True}, {"compilation_config": {"mode": 3}}, {"optimization_level": 3}):
-        args = EngineArgs(model=model, **given)
+    for given in ({"enforce_eager": True}, {"compilation_config": CompilationConfig(mode=3)},
+                  {"optimization_level": 3}):
+        args = engine_args(model, **given)
         decision = patch.choose(args)
         assert not decision.eager and decision.reason == "yours", given
-    assert not EngineArgs(model=model, compilation_config={"mode": 3}).enforce_eager
+    args = engine_args(model, tensor_parallel_size=2)
+    assert not patch.choose(args).eager and not args.enforce_eager

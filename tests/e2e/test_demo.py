@@ -12,12 +12,14 @@ from tests.conftest import BIN, vllm_env
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_serves_the_default_model_cpu_int4_compiled_in_one_process_and_answers(default_model):
+def test_demo_serves_the_default_model_cpu_int4_eager_in_one_process_and_answers(default_model):
     done = subprocess.run([str(BIN / "vllm-omni-edge"), "demo", "--max-tokens", "24"],
                           capture_output=True, text=True, timeout=900, env=vllm_env())
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    assert "(compiled, one process, cpu_int4)" in out
+    assert "(one process, cpu_int4)" in out
+    # compile_choice: the decoder stack runs the default model's decode, so nothing is compiled.
+    assert "eager: the C++ decoder stack runs its decode steps" in out, out[-3000:]
     # The server's own kernel summary: every linear, the head and the embedding (format 3) on a
     # 4-bit kernel, none on the fallback.
     kernels = re.search(r"cpu_int4: 122 layers, kernels (\{[^}]*\})", out)
