@@ -109,3 +109,14 @@ def test_engine_args_take_the_decision_once_and_keep_the_users(tmp_path, stack_k
         assert not decision.eager and decision.reason == "yours", given
     args = engine_args(model, tensor_parallel_size=2)
     assert not patch.choose(args).eager and not args.enforce_eager
+
+
+def test_a_bad_flag_value_is_refused_by_name(tmp_path, stack_kernel, monkeypatch):
+    from vllm_omni_edge import envs
+    from vllm_omni_edge.patches.frontend import compile_choice as patch
+
+    monkeypatch.setenv("VLLM_OMNI_EDGE_COMPILE", "maybe")
+    args = engine_args(checkpoint(tmp_path, LLAMA_INT4))
+    with pytest.raises(envs.FlagError, match="VLLM_OMNI_EDGE_COMPILE='maybe': expected one of auto, on, off"):
+        patch.choose(args)
+    assert not args.enforce_eager

@@ -3,10 +3,10 @@
 vLLM compiles a model by default. On a CPU box that buys two things: decode steps through one
 compiled graph instead of an op at a time from Python, and prefill with the graph's fused
 elementwise kernels. Where the C++ decoder stack (``patches/worker/decoder_stack.py``) runs a
-model's decode steps, the compiled graph no longer runs them, and what is left is a few per cent
-of prefill. It costs every start the compiler's import (inductor's modules, deferred by
+model's decode steps, the compiled graph no longer runs them, and what is left is a small share
+of prefill's time. It costs every start the compiler's import (inductor's modules, deferred by
 ``inductor_fallback_deferred`` and ``import_compile_lazy`` until something compiles) and
-the compiled artifact's load, and a machine's first start a compile of about a minute on 2 cores.
+the compiled artifact's load, and a machine's first start the compile itself.
 So ``auto`` runs such models eager. Everywhere else (a model or a CPU class the stack does not
 run, a bf16 checkpoint, LoRA, speculative decoding, more than one worker) vLLM's compile stays.
 

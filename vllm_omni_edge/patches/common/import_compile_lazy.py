@@ -8,8 +8,8 @@ itself) and every call runs the compiled function, as the decorated name would h
 call (on a module, from a function at run time, from a script's ``__main__``) is
 ``torch.compile``'s own.
 Why: ``torch.compile`` asks its backend for its configuration when it decorates, and inductor's
-answer imports ``torch._inductor.compile_fx`` and the whole compiler (about 160 modules, a third of
-``from vllm import LLM`` on a 2-core box). vLLM and its dependencies decorate helpers at import in
+answer imports ``torch._inductor.compile_fx`` and the whole compiler (most of inductor's modules,
+a large share of ``from vllm import LLM``). vLLM and its dependencies decorate helpers at import in
 modules every engine loads (``vocab_parallel_embedding``, ``deep_gemm``, the sampler's ops,
 compressed-tensors' FP4 type): a process that never compiles still loaded the compiler. torch.compile compiles on the first call anyway; only the
 configuration lookup moves.
@@ -44,6 +44,8 @@ RECORD = PatchRecord(
     remove_when="vLLM compiles its helpers on first use, or torch.compile stops loading the backend "
     "when it decorates.",
     upstream="none found",
+    package="torch",  # what it wraps: torch.compile's signature and decoration
+    vllm_versions=("2.13.0+cpu",),
 )
 
 _once = InstallOnce()
@@ -97,6 +99,8 @@ def lazy_compile(real):
 def _wrap(torch_module) -> None:
     if getattr(torch_module.compile, MARKER, False):
         return
+    if getattr(torch_module, "__version__", None) not in RECORD.vllm_versions:
+        return  # another torch: its torch.compile as it is
     torch_module.compile = lazy_compile(torch_module.compile)
 
 

@@ -10,8 +10,8 @@ body has run, the finder is gone, and vLLM's same function is run when
 graph. It runs right after lowering's body, before ``graph`` binds the list by name, so both
 see vLLM's wrapper. If lowering was loaded before ``vllm``, the finder never acts and vLLM's
 call wraps the list as it always did.
-Why: the two modules pull in inductor's kernel templates, code cache and autotuner (about 160
-modules and a third of ``from vllm import LLM`` on a 2-core box) into every process that imports
+Why: the two modules pull in inductor's kernel templates, code cache and autotuner (most of
+inductor's modules, a large share of ``from vllm import LLM``) into every process that imports
 vLLM, although only a compile uses the list. An engine that does not compile never loads them.
 Flag: ``VLLM_OMNI_EDGE_INDUCTOR_DEFERRED=0`` imports them with ``vllm`` (the A/B arm).
 Verified by: tests/test_inductor_deferred.py (fresh interpreters: after ``from vllm import LLM``

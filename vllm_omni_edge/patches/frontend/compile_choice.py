@@ -7,10 +7,10 @@ steps, sets ``enforce_eager`` before vLLM builds its config. The decision is log
 and, when eager, kept on the model config for the worker's evidence (``compile_choice``) and the
 decoder stack's warning should the stack not run.
 Why: vLLM compiles by default, which on CPU made decode fast by running one graph instead of an
-op at a time. Where the decoder stack runs decode, the graph is left with a few per cent of
-prefill, and a compiled engine still pays the compiler's import and the artifact's load every
-start, and a compile of about a minute on a machine's first (the grid named under Verified by
-has the figures).
+op at a time. Where the decoder stack runs decode, the graph is left with a small share of
+prefill's time, and a compiled engine still pays the compiler's import and the artifact's load
+every start, and the compile itself on a machine's first (the grids named under Verified by have
+the figures).
 Flag: ``VLLM_OMNI_EDGE_COMPILE=auto`` (default) | ``on`` (vLLM's compile) | ``off`` (eager).
 Verified by: tests/test_compile_choice.py (the decision per model, CPU class and flag; the
 user's own setting wins; the wrapped EngineArgs); tests/e2e/test_compile_cache.py (``on``
