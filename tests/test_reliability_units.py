@@ -27,10 +27,10 @@ from vllm_omni_edge.cli.serve import (
     REQUEST_GUARD,
     ServeSetupError,
     _check_listen_address,
-    _option_value,
     check_port_free,
     edge_serve_argv,
 )
+from vllm_omni_edge.cli.serving_defaults import option_value
 from vllm_omni_edge.patches.frontend import api_key_all_routes, engine_death_exit
 
 BAD_TOOL = {"type": "function",
@@ -114,8 +114,8 @@ def test_valid_tool_schemas_and_other_bodies_pass():
 
 
 def test_option_value_follows_argparse_last_wins():
-    assert _option_value(["--port", "1", "--port=2"], "--port") == "2"
-    assert _option_value(["--portal", "3"], "--port") is None
+    assert option_value(["--port", "1", "--port=2"], "--port") == "2"
+    assert option_value(["--portal", "3"], "--port") is None
 
 
 def test_a_taken_port_is_one_line_naming_it():

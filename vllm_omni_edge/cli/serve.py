@@ -20,7 +20,7 @@ import socket
 import sys
 from pathlib import Path
 
-from vllm_omni_edge.cli.serving_defaults import has_option, named_model, serving_defaults
+from vllm_omni_edge.cli.serving_defaults import has_option, named_model, option_value, serving_defaults
 from vllm_omni_edge.cli.vllm_entry import asks_for_help
 
 VLLM_DEFAULT_PORT = 8000
@@ -55,17 +55,6 @@ def check_local_model(model: str) -> None:
     )
 
 
-def _option_value(args: list[str], option: str) -> str | None:
-    """The last value given for ``--option value`` or ``--option=value`` (argparse's rule)."""
-    value = None
-    for i, a in enumerate(args):
-        if a.startswith(option + "="):
-            value = a.split("=", 1)[1]
-        elif a == option and i + 1 < len(args):
-            value = args[i + 1]
-    return value
-
-
 def check_port_free(host: str, port: int) -> None:
     """Fail in one line if vLLM could not bind ``host:port``.
 
@@ -93,12 +82,12 @@ def check_port_free(host: str, port: int) -> None:
 def _check_listen_address(args: list[str]) -> None:
     if has_option(args, "--uds"):
         return
-    raw_port = _option_value(args, "--port")
+    raw_port = option_value(args, "--port")
     try:
         port = VLLM_DEFAULT_PORT if raw_port is None else int(raw_port)
     except ValueError:
         return  # vLLM's parser names the bad value
-    check_port_free(_option_value(args, "--host") or "", port)
+    check_port_free(option_value(args, "--host") or "", port)
 
 
 def _check_request_limit() -> None:

@@ -40,7 +40,7 @@ def compile_said(args: list[str], model: str | None) -> str:
         return "eager (yours)"
     chose = any(has_option(args, o) for o in ("--compilation-config", "-cc", "--optimization-level")) \
         or any(a.startswith("-O") for a in args)
-    decision = compile_choice.decide(compile_mode(), model or "", _option_value(args, "--quantization"),
+    decision = compile_choice.decide(compile_mode(), model or "", option_value(args, "--quantization"),
                                      user_chose=chose)
     if decision.eager:
         return decision.reason
@@ -49,13 +49,15 @@ def compile_said(args: list[str], model: str | None) -> str:
             "--enforce-eager skips")
 
 
-def _option_value(args: list[str], option: str) -> str | None:
+def option_value(args: list[str], option: str) -> str | None:
+    """The last value given for ``--option value`` or ``--option=value`` (argparse's rule)."""
+    value = None
     for i, a in enumerate(args):
         if a.startswith(option + "="):
-            return a.split("=", 1)[1]
-        if a == option and i + 1 < len(args):
-            return args[i + 1]
-    return None
+            value = a.split("=", 1)[1]
+        elif a == option and i + 1 < len(args):
+            value = args[i + 1]
+    return value
 
 
 def with_serving_defaults(args: list[str], model: str | None) -> tuple[list[str], str]:
